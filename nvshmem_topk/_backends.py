@@ -1,0 +1,166 @@
+"""Stage dispatch: maps a workspace's buffers onto one implementation.
+
+The reference backend drives ``reference`` through peer tensor views; the
+Triton backend drives ``nvshmem_topk.kernels`` through peer address tables.
+Both run the same protocol (docs/design.md, "Protocol")."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from . import format as fmt
+from .workspace import DcpTopkWorkspace
+
+
+@dataclass(frozen=True)
+class RowsOutput:
+    """Where the merge writes this rank's physical KV rows.
+
+    req_id: int32 [>= T], the request of each row; block_table: int32
+    [R, M] (stride(1) == 1); token l maps to
+    ``block_table[req_id[t], l // block_size] * stride_rows + l % block_size``.
+    rows_out: int32 [T, >= K], the first K columns are written: owned rows
+    compacted to the front, -1 after. valid_out: int32 [T], their count."""
+
+    req_id: torch.Tensor
+    block_table: torch.Tensor
+    block_size: int
+    stride_rows: int
+    rows_out: torch.Tensor
+    valid_out: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Outputs:
+    ids: torch.Tensor | None
+    rows: RowsOutput | None
+    sorted: bool
+
+
+IMPLS = ("reference", "triton")
+
+
+def resolve_impl(impl: str | None, device: torch.device) -> str:
+    """The implementation to run on ``device``: ``impl``, or by default the
+    Triton kernels on CUDA and the reference on CPU. Raises when the one
+    named cannot run here; never substitutes another."""
+    if impl is None:
+        return "triton" if device.type == "cuda" else "reference"
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "impl='triton' on a CPU tensor needs the Triton interpreter: set "
+            "TRITON_INTERPRET=1 before importing nvshmem_topk (or use impl='reference')"
+        )
+    return impl
+
+
+def backend(impl: str):
+    if impl == "reference":
+        return ReferenceBackend()
+    from .kernels import launch
+
+    return launch
+
+
+def _gathered(ws: DcpTopkWorkspace, epochs: torch.Tensor) -> torch.Tensor:
+    """This epoch's round-1 rows [W, T, words] from the local gather buffer."""
+    rows = epochs.shape[0]
+    parity = (epochs & 1).long()
+    senders = torch.arange(ws.world_size, device=ws.device)[:, None]
+    return ws.gather.local[parity[None, :], senders, torch.arange(rows, device=ws.device)[None, :]]
+
+
+class ReferenceBackend:
+    """The protocol in eager torch (host-side bounded waits; syncs freely)."""
+
+    @staticmethod
+    def pack(logits, row_ends, out, *, local_topk, max_local_len):
+        from . import reference
+
+        out.copy_(reference.pack(logits, row_ends, local_topk, max_local_len))
+
+    @staticmethod
+    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len):
+        from . import reference
+
+        out.copy_(reference.pack_indices(logits, local_idx, row_ends, max_local_len))
+
+    @staticmethod
+    def push_rows(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
+        rows = packed.shape[0]
+        epochs = ws.epochs[:rows] + 1
+        parity = (epochs & 1).long()
+        index = torch.arange(rows, device=ws.device)
+        for peer_gather, peer_flags in zip(ws.gather.peers, ws.flags.peers):
+            peer_gather[parity, ws.rank, index] = packed
+            peer_flags[0, ws.rank, :rows] = epochs
+
+    @staticmethod
+    def select(ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
+        from . import reference
+
+        epochs = ws.epochs[:rows] + 1
+        need = torch.ones((ws.world_size, rows), dtype=torch.bool, device=ws.device)
+        missing = reference.wait_flags(ws.flags.local[0, :, :rows], need, epochs, ws.timeout_s)
+        if missing:
+            ws.record_timeout(*missing)
+            return
+        selected, sat = reference.select(
+            _gathered(ws, epochs), topk=ws.topk, local_topk=ws.local_topk,
+            world_size=ws.world_size, interleave=ws.interleave, max_local_len=ws.max_local_len,
+        )
+        ws.sat[:rows] = sat
+        _emit(ws, selected, torch.arange(rows, device=ws.device), out)
+        mask = fmt.sat_mask(sat)
+        mine = ((mask >> ws.rank) & 1).nonzero().flatten()
+        if mine.numel():
+            pushed = reference.pack(logits[mine], row_ends[mine], ws.topk, ws.max_local_len)
+            slot = reference.rescue_slot(mask[mine], ws.rank)
+            for peer_recv, peer_flags in zip(ws.recv.peers, ws.flags.peers):
+                peer_recv[mine, slot] = pushed
+                peer_flags[1, ws.rank, mine] = epochs[mine]
+
+    @staticmethod
+    def rescue(ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
+        from . import reference
+
+        epochs = ws.epochs[:rows] + 1
+        sat = ws.sat[:rows]
+        mask = fmt.sat_mask(sat)
+        ranks = torch.arange(ws.world_size, device=ws.device)[:, None]
+        need = ((mask[None, :] >> ranks) & 1).bool()
+        missing = reference.wait_flags(ws.flags.local[1, :, :rows], need, epochs, ws.timeout_s)
+        if missing:
+            ws.record_timeout(*missing)
+            return
+        todo = (mask != 0).nonzero().flatten()
+        if todo.numel():
+            selected = reference.rescue(
+                _gathered(ws, epochs)[:, todo], sat[todo], ws.recv.local[todo], topk=ws.topk,
+                local_topk=ws.local_topk, world_size=ws.world_size, interleave=ws.interleave,
+                max_local_len=ws.max_local_len,
+            )
+            _emit(ws, selected, todo, out)
+        ws.epochs[:rows] = epochs
+
+
+def _emit(ws: DcpTopkWorkspace, selected: torch.Tensor, rows: torch.Tensor, out: Outputs) -> None:
+    from . import reference
+
+    ids = reference.ids_from_keys(selected, ws.gid_bits, out.sorted)
+    if out.ids is not None:
+        out.ids[rows] = ids
+    if out.rows is not None:
+        spec = out.rows
+        owned, count = reference.owned_rows(
+            ids, rank=ws.rank, world_size=ws.world_size, interleave=ws.interleave,
+            req_id=spec.req_id[rows], block_table=spec.block_table, block_size=spec.block_size,
+            stride_rows=spec.stride_rows,
+        )
+        spec.rows_out[rows, : ws.topk] = owned
+        spec.valid_out[rows] = count

@@ -1,0 +1,53 @@
+"""The interface every DCP group implements (simulated, CPU shared memory,
+NVSHMEM). The coordinator and the workspace use nothing else of a group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class SymmetricTensor:
+    """One symmetric allocation as seen from one rank.
+
+    local: this rank's tensor; peers[q]: a view of rank q's tensor usable
+    from this rank (peers[rank] is ``local``); peer_ptrs: int64 [W] on the
+    group's device, the address of peers[q] for kernels that store through
+    the peer address table."""
+
+    local: torch.Tensor
+    peers: tuple[torch.Tensor, ...]
+    peer_ptrs: torch.Tensor
+
+
+@runtime_checkable
+class DcpGroup(Protocol):
+    """One rank's handle on a DCP group of ``world_size`` ranks."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def shares_process(self) -> bool:
+        """True when all ranks live in this process (stages are then driven
+        rank by rank, in protocol order, by the caller)."""
+        ...
+
+    def alloc_symmetric(self, shape: tuple[int, ...], dtype: torch.dtype) -> SymmetricTensor:
+        """Collective: every rank allocates the same shape, zero-filled."""
+        ...
+
+    def barrier(self) -> None: ...
+
+    def destroy(self) -> None:
+        """Free every symmetric allocation of this group."""
+        ...

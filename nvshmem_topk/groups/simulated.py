@@ -1,0 +1,79 @@
+"""W virtual ranks in one process, on any device (CPU included).
+
+Each virtual rank has its own symmetric tensors, as on a real group; the
+peer address table holds the other ranks' real addresses, so the Triton
+kernels store into peers exactly as they do over NVLink."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import SymmetricTensor
+
+
+class SimulatedGroup:
+    """Owner of the virtual ranks' memory. ``group.ranks[r]`` is rank r's
+    handle (a ``DcpGroup``)."""
+
+    def __init__(self, world_size: int, device: torch.device | str = "cpu") -> None:
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        self.world_size = world_size
+        self.device = torch.device(device)
+        self._allocations: list[list[torch.Tensor]] = []
+        self.ranks = tuple(SimulatedRank(self, r) for r in range(world_size))
+
+    def _allocation(self, index: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+        if index == len(self._allocations):
+            self._allocations.append(
+                [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.world_size)]
+            )
+        tensors = self._allocations[index]
+        if tensors[0].shape != torch.Size(shape) or tensors[0].dtype != dtype:
+            raise ValueError(
+                f"symmetric allocation {index} differs between ranks: "
+                f"{tuple(tensors[0].shape)} {tensors[0].dtype} vs {tuple(shape)} {dtype}"
+            )
+        return tensors
+
+    def destroy(self) -> None:
+        self._allocations.clear()
+
+
+class SimulatedRank:
+    """Rank ``rank`` of a ``SimulatedGroup``."""
+
+    shares_process = True
+
+    def __init__(self, owner: SimulatedGroup, rank: int) -> None:
+        self._owner = owner
+        self._rank = rank
+        self._next_allocation = 0
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._owner.world_size
+
+    @property
+    def device(self) -> torch.device:
+        return self._owner.device
+
+    @property
+    def owner(self) -> SimulatedGroup:
+        return self._owner
+
+    def alloc_symmetric(self, shape: tuple[int, ...], dtype: torch.dtype) -> SymmetricTensor:
+        tensors = self._owner._allocation(self._next_allocation, tuple(shape), dtype)
+        self._next_allocation += 1
+        ptrs = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=self.device)
+        return SymmetricTensor(tensors[self._rank], tuple(tensors), ptrs)
+
+    def barrier(self) -> None:
+        """Virtual ranks run in program order: nothing to wait for."""
+
+    def destroy(self) -> None:
+        self._owner.destroy()

@@ -1,0 +1,232 @@
+"""Eager reference of every stage of the exact merge, in plain torch.
+
+This is the readable oracle: vectorised over rows, runs on CPU or GPU,
+never imports the kernels. The Triton kernels must reproduce each stage bit
+for bit (tests compare them stage by stage). Layout facts come from
+``format``; the protocol (epochs, flags, peers) from ``docs/design.md``.
+
+Orders that the kernels reproduce:
+- a packed row lists its candidates by ascending local id, empty slots last
+  (``pack``), or in the caller's order with dropped slots left empty
+  (``pack_indices``);
+- selected keys are listed in candidate order: rank by rank, each rank's
+  words in slot order (round 1), or, in the rescue, each rank's pushed list
+  when it was saturated and its round-1 words >= kappa otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import format as fmt
+
+_INT64_MAX = torch.iinfo(torch.int64).max
+
+
+# ------------------------------------------------------------------ pack
+
+
+def local_topk_indices(
+    logits: torch.Tensor, row_ends: torch.Tensor, k: int, max_local_len: int
+) -> torch.Tensor:
+    """Local top-``k`` by (score desc, local id asc).
+
+    logits: [T, S] bf16 (or fp32, rounded to bf16); row_ends: [T] int32.
+    Token l of row t is valid iff l < min(row_ends[t], S, max_local_len) and
+    its score is not NaN. Returns [T, k] int64 local ids in ascending order,
+    then -1 (rows with fewer than k valid tokens)."""
+    rows, width = logits.shape
+    bits = fmt.bf16_bits(logits)
+    local = torch.arange(width, device=logits.device)
+    end = row_ends.long().clamp(0, min(width, max_local_len))
+    valid = (local < end[:, None]) & ~fmt.is_nan_bits(bits)
+    keys = torch.where(valid, fmt.local_key(fmt.ord16(bits), local), 0)
+    top, idx = keys.topk(min(k, width), dim=1)
+    idx = torch.where(top > 0, idx, width).sort(dim=1).values
+    out = torch.full((rows, k), -1, dtype=torch.int64, device=logits.device)
+    out[:, : idx.shape[1]] = torch.where(idx < width, idx, -1)
+    return out
+
+
+def pack_indices(
+    logits: torch.Tensor, local_idx: torch.Tensor, row_ends: torch.Tensor, max_local_len: int
+) -> torch.Tensor:
+    """Pack given local ids (``[T, n]``, any int dtype, -1 padded) of the
+    scores ``logits`` ``[T, S]`` into int32 ``[T, packed_row_words(n, P)]``,
+    P = ``num_planes(max_local_len)``. Slot j keeps candidate j; an id outside
+    [0, min(row_ends[t], S, max_local_len)) or with a NaN score is an empty
+    (0) slot."""
+    width = logits.shape[1]
+    idx = local_idx.long()
+    end = row_ends.long().clamp(0, min(width, max_local_len))
+    inside = (idx >= 0) & (idx < end[:, None])
+    bits = fmt.bf16_bits(logits).gather(1, torch.where(inside, idx, 0))
+    present = inside & ~fmt.is_nan_bits(bits)
+    words = torch.where(present, fmt.make_words(fmt.ord16(bits), idx), 0)
+    return fmt.pack_rows(words, torch.where(present, idx, 0), fmt.num_planes(max_local_len))
+
+
+def pack(
+    logits: torch.Tensor, row_ends: torch.Tensor, local_topk: int, max_local_len: int
+) -> torch.Tensor:
+    """Round-1 packed rows ``[T, packed_row_words(N, P)]`` int32: the local
+    top-N in ascending local id order, empty slots (0) last. With
+    ``local_topk = K`` this is also the list a saturated rank pushes."""
+    idx = local_topk_indices(logits, row_ends, local_topk, max_local_len)
+    return pack_indices(logits, idx, row_ends, max_local_len)
+
+
+# ---------------------------------------------------------------- select
+
+
+def decode_keys(
+    packed: torch.Tensor, owner, *, num_candidates: int, world_size: int, interleave: int,
+    max_local_len: int,
+) -> torch.Tensor:
+    """Packed rows ``[..., words]`` of rank(s) ``owner`` (an int or a tensor
+    broadcasting against ``[..., n]``) -> int64 keys ``[..., n]``, 0 = empty."""
+    ord16, local, present = fmt.unpack_rows(packed, num_candidates, fmt.num_planes(max_local_len))
+    gid = fmt.global_id(local, owner, world_size, interleave)
+    gid_bits = fmt.global_id_bits(world_size, interleave, max_local_len)
+    return fmt.make_keys(ord16, gid, present, gid_bits)
+
+
+def top_keys(keys: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``topk`` largest non-zero keys of each row of ``keys`` ``[T, C]``
+    (unique int64), listed in candidate order, 0 padded: ``[T, topk]``; and
+    kappa ``[T]``, the topk-th largest key (0 when fewer exist)."""
+    rows, count = keys.shape
+    k = min(topk, count)
+    kth = keys.topk(k, dim=1).values[:, k - 1]
+    kappa = kth if k == topk else torch.zeros_like(kth)
+    chosen = (keys >= kappa[:, None]) & (keys != 0)
+    order = torch.sort((~chosen).to(torch.uint8), dim=1, stable=True).indices[:, :k]
+    picked = torch.where(chosen.gather(1, order), keys.gather(1, order), 0)
+    out = torch.zeros((rows, topk), dtype=torch.int64, device=keys.device)
+    out[:, :k] = picked
+    return out, kappa
+
+
+def round1_keys(
+    gathered: torch.Tensor, *, local_topk: int, world_size: int, interleave: int, max_local_len: int
+) -> torch.Tensor:
+    """Gathered round-1 rows ``[W, T, words]`` -> keys ``[T, W, N]``."""
+    owner = torch.arange(world_size, device=gathered.device)[:, None, None]
+    keys = decode_keys(
+        gathered, owner, num_candidates=local_topk, world_size=world_size,
+        interleave=interleave, max_local_len=max_local_len,
+    )
+    return keys.transpose(0, 1)
+
+
+def select(
+    gathered: torch.Tensor, *, topk: int, local_topk: int, world_size: int, interleave: int,
+    max_local_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round-1 select of the gathered rows ``[W, T, words]`` int32.
+
+    Returns the selected keys ``[T, K]`` int64 (candidate order, 0 padded)
+    and the saturation state ``[T]`` int64 (``format.sat_word``): rank q is
+    saturated iff it sent N words and its smallest sent key >= kappa."""
+    keys = round1_keys(
+        gathered, local_topk=local_topk, world_size=world_size, interleave=interleave,
+        max_local_len=max_local_len,
+    )
+    selected, kappa = top_keys(keys.flatten(1), topk)
+    present = keys != 0
+    full = present.sum(-1) == local_topk
+    smallest = torch.where(present, keys, _INT64_MAX).min(-1).values
+    saturated = full & (smallest >= kappa[:, None])
+    bit = torch.ones(1, dtype=torch.int64, device=keys.device) << torch.arange(
+        world_size, device=keys.device
+    )
+    return selected, fmt.sat_word((saturated.long() * bit).sum(-1), kappa)
+
+
+def rescue_slot(mask: torch.Tensor, rank) -> torch.Tensor:
+    """Receive slot of ``rank``'s pushed list: popcount(mask & ((1 << rank) - 1))."""
+    below = mask & ((torch.ones_like(mask) << rank) - 1)
+    return sum((below >> b) & 1 for b in range(fmt.MAX_WORLD_SIZE))
+
+
+def rescue(
+    gathered: torch.Tensor, sat: torch.Tensor, received: torch.Tensor, *, topk: int,
+    local_topk: int, world_size: int, interleave: int, max_local_len: int,
+) -> torch.Tensor:
+    """Second round: the top-K over {round-1 words of unsaturated ranks with
+    key >= kappa} U {the pushed lists of saturated ranks}.
+
+    gathered: [W, T, words] int32 round-1 rows; sat: [T] int64 saturation
+    state; received: [T, K // N, packed_row_words(K, P)] int32 pushed lists
+    (slot ``rescue_slot(mask, q)`` holds rank q's). Returns selected keys
+    [T, K] int64 in candidate order; meaningful for rows with a mask."""
+    mask, kappa = fmt.sat_mask(sat), fmt.sat_kappa(sat)
+    keys = round1_keys(
+        gathered, local_topk=local_topk, world_size=world_size, interleave=interleave,
+        max_local_len=max_local_len,
+    )
+    ranks = torch.arange(world_size, device=sat.device)
+    saturated = ((mask[:, None] >> ranks) & 1).bool()
+    slot = rescue_slot(mask[:, None], ranks).clamp(max=max(received.shape[1] - 1, 0))
+    rows = torch.arange(sat.shape[0], device=sat.device)[:, None]
+    pushed = decode_keys(
+        received[rows, slot], ranks[None, :, None], num_candidates=topk, world_size=world_size,
+        interleave=interleave, max_local_len=max_local_len,
+    ) if received.shape[1] else torch.zeros(keys.shape[:2] + (topk,), dtype=torch.int64, device=keys.device)
+    seen = torch.where(~saturated[..., None] & (keys >= kappa[:, None, None]), keys, 0)
+    pushed = torch.where(saturated[..., None], pushed, 0)
+    selected, _ = top_keys(torch.cat([seen, pushed], dim=2).flatten(1), topk)
+    return selected
+
+
+# --------------------------------------------------------------- outputs
+
+
+def ids_from_keys(selected: torch.Tensor, gid_bits: int, sorted: bool) -> torch.Tensor:
+    """Selected keys [T, K] -> global ids [T, K] int32, -1 padded;
+    ``sorted`` lists them by descending key."""
+    if sorted:
+        selected = selected.sort(dim=1, descending=True).values
+    return fmt.key_to_global_id(selected, gid_bits).to(torch.int32)
+
+
+def owned_rows(
+    ids: torch.Tensor, *, rank: int, world_size: int, interleave: int, req_id: torch.Tensor,
+    block_table: torch.Tensor, block_size: int, stride_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selected tokens ``rank`` owns as physical KV rows
+    ``block_table[req_id[t], l // B] * stride_rows + l % B``, in the order of
+    ``ids`` ([T, K] int32, -1 padded), compacted to the front, -1 after;
+    and their count [T] int32. A block index past the table, or a request id
+    outside it, drops the token."""
+    ids = ids.long()
+    owner, local = fmt.owner_and_local(ids, world_size, interleave)
+    block = local // block_size
+    num_reqs, num_blocks = block_table.shape
+    req = req_id[: ids.shape[0]].long()[:, None]
+    keep = (ids >= 0) & (owner == rank) & (block < num_blocks) & (req >= 0) & (req < num_reqs)
+    entry = block_table[req.clamp(0, num_reqs - 1), block.clamp(0, num_blocks - 1)].long()
+    phys = entry * stride_rows + local % block_size
+    order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+    rows = torch.where(keep.gather(1, order), phys.gather(1, order), -1)
+    return rows.to(torch.int32), keep.sum(1).to(torch.int32)
+
+
+# ---------------------------------------------------- protocol (one rank)
+
+
+def wait_flags(flags: torch.Tensor, need: torch.Tensor, epochs: torch.Tensor, timeout_s: float):
+    """Bounded wait until ``flags[q, t] >= epochs[t]`` wherever ``need[q, t]``
+    (``flags`` [W, T] int32). Returns None, or (row, rank, epoch) of a flag
+    still missing when ``timeout_s`` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = need & (flags < epochs[None, :])
+        if not bool(missing.any()):
+            return None
+        if time.monotonic() > deadline:
+            rank, row = (int(v) for v in missing.nonzero()[0])
+            return row, rank, int(epochs[row])
+        time.sleep(1e-4)

@@ -1,0 +1,87 @@
+"""The per-rank state of the exact merge, built once per DCP group."""
+
+from __future__ import annotations
+
+import torch
+
+from . import format as fmt
+from .groups.base import DcpGroup
+
+
+class DcpTopkTimeoutError(RuntimeError):
+    """A bounded wait for a peer's flag expired (a dead, absent or desynced
+    peer). The workspace refuses further merges until it is rebuilt."""
+
+
+class DcpTopkWorkspace:
+    """Symmetric and local buffers of one in-flight merge on one rank.
+
+    Symmetric (allocated through the group, same shape on every rank):
+      gather  int32 [2, W, max_rows, packed_row_words(N, P)]: round-1 rows,
+              by epoch parity, then by sender.
+      recv    int32 [max_rows, K // N, packed_row_words(K, P)]: pushed lists
+              of saturated ranks, slot = popcount(mask & ((1 << q) - 1)).
+      flags   int32 [2, W, max_rows]: [0, q, t] = epoch of q's round-1 row t,
+              [1, q, t] = epoch of q's pushed list for row t.
+    Local:
+      epochs  int32 [max_rows]: last finished epoch of each row.
+      sat     int64 [max_rows]: saturation state of each row's last select.
+      status  int32 [4]: (failed, row, rank, epoch) of an expired wait.
+
+    Use one workspace per merge that can be in flight at a time; free it with
+    ``destroy()`` (collective) before the group goes away.
+    """
+
+    def __init__(
+        self, group: DcpGroup, *, max_rows: int, topk: int, local_topk: int, max_local_len: int,
+        interleave: int, impl: str, timeout_s: float,
+    ) -> None:
+        self.group = group
+        self.rank = group.rank
+        self.world_size = group.world_size
+        self.device = group.device
+        self.max_rows = max_rows
+        self.topk = topk
+        self.local_topk = local_topk
+        self.max_local_len = max_local_len
+        self.planes = fmt.num_planes(max_local_len)
+        self.interleave = interleave
+        self.gid_bits = fmt.global_id_bits(self.world_size, interleave, max_local_len)
+        self.impl = impl
+        self.timeout_s = timeout_s
+        self.row_words = fmt.packed_row_words(local_topk, self.planes)
+        self.push_words = fmt.packed_row_words(topk, self.planes)
+        self.slots = fmt.rescue_slots(topk, local_topk)
+        w = self.world_size
+        self.gather = group.alloc_symmetric((2, w, max_rows, self.row_words), torch.int32)
+        self.recv = group.alloc_symmetric((max_rows, self.slots, self.push_words), torch.int32)
+        self.flags = group.alloc_symmetric((2, w, max_rows), torch.int32)
+        self.epochs = torch.zeros(max_rows, dtype=torch.int32, device=self.device)
+        self.sat = torch.zeros(max_rows, dtype=torch.int64, device=self.device)
+        # Host memory the kernels can write (mapped pinned memory on CUDA), so
+        # the coordinator can look at it without a device synchronisation.
+        self.status = torch.zeros(4, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        self.destroyed = False
+
+    def record_timeout(self, row: int, rank: int, epoch: int) -> None:
+        self.status.copy_(torch.tensor([1, row, rank, epoch], dtype=torch.int32))
+
+    def check(self) -> None:
+        """Raise if this workspace cannot run a merge (destroyed, or a wait
+        of an earlier merge expired)."""
+        if self.destroyed:
+            raise RuntimeError("this DCP top-k workspace was destroyed; call init_dcp_topk_merge")
+        failed, row, rank, epoch = (int(v) for v in self.status)
+        if failed:
+            raise DcpTopkTimeoutError(
+                f"rank {self.rank}: waited more than {self.timeout_s} s for rank {rank}'s "
+                f"flag of row {row}, epoch {epoch}; the peer is dead, absent or out of step. "
+                "This workspace's epochs can no longer be trusted: rebuild it with "
+                "init_dcp_topk_merge on every rank."
+            )
+
+    def destroy(self) -> None:
+        """Release this workspace's buffers (the group frees symmetric memory
+        in its own ``destroy()``)."""
+        self.destroyed = True
+        self.gather = self.recv = self.flags = None

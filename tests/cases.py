@@ -1,0 +1,72 @@
+"""Adversarial input families of docs/design.md ("Testing"), seeded.
+
+Each case is (name, logits [W, T, S] bf16, row_ends [W, T] int32, topk,
+local_topk, interleave). Data is built on the CPU from one seed, so every
+caller (and every rank of a multi-process test) sees identical tensors."""
+
+from __future__ import annotations
+
+import torch
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _full_ends(world_size: int, rows: int, width: int) -> torch.Tensor:
+    return torch.full((world_size, rows), width, dtype=torch.int32)
+
+
+def _indexer_like(gen, shape) -> torch.Tensor:
+    """Indexer-like scores: a few strong tokens over a heavy-tailed bulk."""
+    x = torch.randn(shape, generator=gen) * 0.5
+    spikes = torch.rand(shape, generator=gen) < 0.01
+    return torch.where(spikes, x + 4.0, x).bfloat16()
+
+
+def families(world_size: int, seed: int = 0, rows: int = 4, width: int = 512, topk: int = 128):
+    """Yield every family at one world size (small shapes, CPU-friendly)."""
+    gen = torch.Generator().manual_seed(seed * 1000 + world_size)
+    w, t, s, k = world_size, rows, width, topk
+    n = max(32, 32 * -(-(3 * k // (2 * w)) // 32))
+    shape = (w, t, s)
+    ends = _full_ends(w, t, s)
+
+    yield "random", _indexer_like(gen, shape), ends, k, n, 1
+    levels = torch.tensor([-1.0, 0.0, 0.5, 1.0]).bfloat16()
+    yield "heavy_ties", levels[torch.randint(0, 4, shape, generator=gen)], ends, k, n, 1
+    yield "all_equal", torch.ones(shape).bfloat16(), ends, k, n, 1
+
+    # Saturate as many ranks as the slots allow: they hold every top score.
+    hot = torch.randn(shape, generator=gen).bfloat16()
+    for q in range(min(w, k // n)):
+        hot[q] += 8.0
+    yield "saturated_max", hot, ends, k, n, 1
+
+    # Ties exactly at the boundary: a few tokens above, a sea of equal scores
+    # at the K-th place; a full rank holds unsent ties with lower global ids.
+    tie = torch.full(shape, 1.0).bfloat16()
+    tie[:, :, : max(1, n // 4)] = 2.0
+    tie[0, :, s // 2 :] = 0.5
+    yield "boundary_ties", tie, ends, k, n, 1
+
+    nan = _indexer_like(gen, shape)
+    nan[torch.rand(shape, generator=gen) < 0.2] = NAN
+    nan[:, 0] = NAN
+    yield "nan_and_whole_nan_rows", nan, ends, k, n, 1
+
+    special = torch.tensor([-INF, INF, -0.0, 0.0, 1.0, -1.0]).bfloat16()
+    yield "inf_and_signed_zero", special[torch.randint(0, 6, shape, generator=gen)], ends, k, n, 1
+
+    short = torch.randint(0, s + 1, (w, t), generator=gen, dtype=torch.int32)
+    short[:, 0] = 0
+    short[:, 1 % t] = 1
+    short[:, 2 % t] = n // 2
+    short[:, 3 % t] = s
+    yield "row_ends_mixed", _indexer_like(gen, shape), short, k, n, 1
+
+    few = torch.full((w, t), max(1, k // (2 * w)), dtype=torch.int32)
+    yield "fewer_valid_than_k", _indexer_like(gen, shape), few, k, n, 1
+
+    yield "n_ge_k", _indexer_like(gen, shape), ends, k, k + 32, 1
+    yield "n_32", _indexer_like(gen, shape), ends, k, 32, 1
+    yield "interleave_3", _indexer_like(gen, shape), short, k, n, 3
+    yield "interleave_64_ties", levels[torch.randint(0, 4, shape, generator=gen)], ends, k, n, 64

@@ -1,0 +1,268 @@
+"""Per-rank API on the simulated group: stages, rows output, contract
+checker, and every validation error."""
+
+import pytest
+import torch
+
+import nvshmem_topk as nt
+from cases import families
+from nvshmem_topk import format as fmt
+from nvshmem_topk import reference
+from oracle import assert_exact, oracle_topk
+
+
+def _drive_rows(logits, ends, *, topk, local_topk, interleave, block_size, stride_rows, impl="reference"):
+    """The merge to physical rows, stage by stage over a simulated group."""
+    world, rows, width = logits.shape
+    group = nt.SimulatedGroup(world)
+    wss = [nt.init_dcp_topk_merge(g, max_rows=rows + 3, topk=topk, local_topk=local_topk,
+                                  max_local_len=width, interleave=interleave, impl=impl)
+           for g in group.ranks]
+    blocks = -(-width // block_size)
+    gen = torch.Generator().manual_seed(1)
+    table = torch.randperm(rows * blocks + 7, generator=gen)[: rows * blocks].view(rows, blocks).int()
+    table = table[:, : max(1, blocks - 1)].contiguous()  # the last block is past the table
+    req_id = torch.arange(rows - 1, -1, -1, dtype=torch.int32)
+    ids = torch.full((world, rows, topk), -7, dtype=torch.int32)
+    outs = [nt.RowsOutput(req_id, table, block_size, stride_rows,
+                          torch.full((rows, topk + 2), -7, dtype=torch.int32),
+                          torch.full((rows,), -7, dtype=torch.int32)) for _ in range(world)]
+    for r, ws in enumerate(wss):
+        packed = nt.dcp_topk_pack(logits[r], ends[r], local_topk=local_topk, max_local_len=width, impl=impl)
+        nt.dcp_topk_exchange(packed, workspace=ws)
+    for stage in (nt.dcp_topk_select, nt.dcp_topk_rescue):
+        for r, ws in enumerate(wss):
+            stage(logits[r], ends[r], workspace=ws, num_rows=rows, ids_out=ids[r], rows=outs[r])
+    return ids, outs, table, req_id, wss
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 5])
+def test_rows_output_matches_ids(world_size):
+    for name, logits, ends, k, n, inter in families(world_size, seed=4):
+        ids, outs, table, req_id, _ = _drive_rows(logits, ends, topk=k, local_topk=n, interleave=inter,
+                                                  block_size=16, stride_rows=64)
+        assert_exact(ids, oracle_topk(logits, ends, k, inter))
+        for r in range(world_size):
+            want, count = reference.owned_rows(ids[r], rank=r, world_size=world_size, interleave=inter,
+                                               req_id=req_id, block_table=table, block_size=16,
+                                               stride_rows=64)
+            assert torch.equal(outs[r].rows_out[:, :k], want), name
+            assert torch.equal(outs[r].valid_out, count), name
+            assert (outs[r].rows_out[:, k:] == -7).all(), "columns past K are not written"
+
+
+def test_rows_by_hand_against_block_table():
+    logits = torch.zeros(2, 1, 64).bfloat16()
+    logits[0, 0, 5] = 4.0  # global 10
+    logits[1, 0, 3] = 3.0  # global 7
+    ends = torch.full((2, 1), 64, dtype=torch.int32)
+    ids, outs, table, req_id, _ = _drive_rows(logits, ends, topk=32, local_topk=32, interleave=1,
+                                              block_size=4, stride_rows=10, )
+    assert {10, 7} <= set(ids[0, 0].tolist())
+    row0 = outs[0].rows_out[0].tolist()
+    assert table[0, 1].item() * 10 + 1 in row0  # local 5 -> block 1, offset 1
+
+
+def test_merge_rows_per_rank_api_at_w1_with_packed_input():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 700, generator=gen).bfloat16()
+    ends = torch.tensor([700, 10, 0], dtype=torch.int32)
+    group = nt.SimulatedGroup(1)
+    ws = nt.init_dcp_topk_merge(group.ranks[0], max_rows=4, topk=64, local_topk=64, max_local_len=700)
+    idx = reference.local_topk_indices(logits, ends, 64, 700).int()
+    packed = nt.dcp_topk_pack_indices(logits, idx, ends, max_local_len=700)
+    nt.assert_packed_merge_contract(packed, logits, ends, local_topk=64, max_local_len=700)
+    rows_out = torch.empty(3, 64, dtype=torch.int32)
+    valid = torch.empty(3, dtype=torch.int32)
+    ids = torch.empty(3, 64, dtype=torch.int32)
+    nt.dcp_topk_merge_rows(logits=logits, row_ends=ends, workspace=ws, req_id=torch.zeros(3, dtype=torch.int32),
+                           block_table=torch.arange(64, dtype=torch.int32)[None], block_size=16,
+                           stride_rows=16, rows_out=rows_out, valid_out=valid, ids_out=ids, packed=packed)
+    assert_exact(ids[None], oracle_topk(logits[None], ends[None], 64))
+    assert valid.tolist() == [64, 10, 0]
+    again = torch.empty_like(ids)
+    nt.dcp_topk_merge(logits, ends, again, workspace=ws)
+    assert torch.equal(again, ids)
+    assert ws.epochs[:3].tolist() == [2, 2, 2]
+
+
+def test_contract_checker_catches_a_bad_producer():
+    logits = torch.arange(64, dtype=torch.float32).bfloat16()[None]
+    ends = torch.tensor([64], dtype=torch.int32)
+    worst = torch.arange(32, dtype=torch.int32)[None]  # the lowest scores, not a top-32
+    packed = nt.dcp_topk_pack_indices(logits, worst, ends, max_local_len=64)
+    with pytest.raises(AssertionError, match="not a top-32"):
+        nt.assert_packed_merge_contract(packed, logits, ends, local_topk=32, max_local_len=64)
+
+
+def test_simulated_per_rank_merge_is_refused_with_advice():
+    group = nt.SimulatedGroup(2)
+    ws = [nt.init_dcp_topk_merge(g, max_rows=1, topk=32, max_local_len=64) for g in group.ranks]
+    with pytest.raises(ValueError, match="simulate_dcp_topk_merge"):
+        nt.dcp_topk_merge(torch.zeros(1, 64).bfloat16(), torch.ones(1, dtype=torch.int32),
+                          torch.empty(1, 32, dtype=torch.int32), workspace=ws[0])
+
+
+def test_a_missing_peer_times_out_and_poisons_the_workspace():
+    group = nt.SimulatedGroup(2)
+    ws = [nt.init_dcp_topk_merge(g, max_rows=1, topk=32, max_local_len=64, timeout_s=0.05)
+          for g in group.ranks]
+    logits, ends = torch.zeros(1, 64).bfloat16(), torch.full((1,), 64, dtype=torch.int32)
+    nt.dcp_topk_exchange(nt.dcp_topk_pack(logits, ends, local_topk=32, max_local_len=64), workspace=ws[0])
+    ids = torch.empty(1, 32, dtype=torch.int32)
+    with pytest.raises(nt.DcpTopkTimeoutError, match="rank 1's flag of row 0, epoch 1"):
+        nt.dcp_topk_select(logits, ends, workspace=ws[0], num_rows=1, ids_out=ids)
+        ws[0].check()
+    with pytest.raises(nt.DcpTopkTimeoutError):
+        nt.dcp_topk_select(logits, ends, workspace=ws[0], num_rows=1, ids_out=ids)
+
+
+def test_destroyed_workspace_is_refused():
+    group = nt.SimulatedGroup(1)
+    ws = nt.init_dcp_topk_merge(group.ranks[0], max_rows=1, topk=32, max_local_len=64)
+    ws.destroy()
+    with pytest.raises(RuntimeError, match="destroyed"):
+        nt.dcp_topk_merge(torch.zeros(1, 64).bfloat16(), torch.ones(1, dtype=torch.int32),
+                          torch.empty(1, 32, dtype=torch.int32), workspace=ws)
+
+
+# ------------------------------------------------------------ validation
+
+_L = torch.zeros(2, 2, 64).bfloat16()
+_E = torch.full((2, 2), 64, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(topk=48), ValueError, "topk must be in \\[32, 4096\\] and a multiple of 32, got 48"),
+    (dict(topk=8192), ValueError, "topk must be in"),
+    (dict(topk=64, local_topk=40), ValueError, "local_topk must be >= 32 and a multiple of 32, got 40"),
+    (dict(topk=64, local_topk=0), ValueError, "local_topk"),
+    (dict(topk=64.0), TypeError, "topk must be an int, got float"),
+    (dict(topk=64, impl="cuda"), ValueError, "impl must be one of"),
+    (dict(topk=64, interleave=0), ValueError, "interleave must be >= 1, got 0"),
+])
+def test_simulate_rejects_bad_sizes(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        nt.simulate_dcp_topk_merge(_L, _E, **kwargs)
+
+
+@pytest.mark.parametrize("logits,ends,error,match", [
+    (_L.float().half(), _E, TypeError, "logits must be torch.bfloat16 or torch.float32, got torch.float16"),
+    (_L[0], _E, ValueError, "logits must have 3 dimensions, got shape \\(2, 64\\)"),
+    (_L.transpose(1, 2), _E, ValueError, "stride"),
+    (_L, _E.long(), TypeError, "row_ends must be torch.int32, got torch.int64"),
+    (_L, _E[:1], ValueError, "row_ends must be \\[2, 2\\], got \\(1, 2\\)"),
+    ([1, 2], _E, TypeError, "logits must be a torch.Tensor, got list"),
+    (torch.zeros(17, 1, 64).bfloat16(), torch.zeros(17, 1, dtype=torch.int32), ValueError,
+     "world_size must be in \\[1, 16\\], got 17"),
+])
+def test_simulate_rejects_bad_tensors(logits, ends, error, match):
+    with pytest.raises(error, match=match):
+        nt.simulate_dcp_topk_merge(logits, ends, topk=32)
+
+
+def test_triton_on_cpu_without_the_interpreter_is_an_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        nt.simulate_dcp_topk_merge(_L, _E, topk=32, impl="triton")
+
+
+def _ws(**kw):
+    args = dict(max_rows=2, topk=64, max_local_len=64)
+    args.update(kw)
+    return nt.init_dcp_topk_merge(nt.SimulatedGroup(1).ranks[0], **args)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(max_rows=0), ValueError, "max_rows must be >= 1, got 0"),
+    (dict(max_local_len=(1 << 20) + 1), ValueError, "max_local_len must be in \\[1, 1048576\\]"),
+    (dict(timeout_s=0), ValueError, "timeout_s must be > 0"),
+    (dict(topk=100), ValueError, "topk must be"),
+])
+def test_init_rejects_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        _ws(**kwargs)
+
+
+def test_init_rejects_a_non_group():
+    with pytest.raises(TypeError, match="group must implement DcpGroup, got str"):
+        nt.init_dcp_topk_merge("world", max_rows=1, topk=32, max_local_len=64)
+
+
+def test_merge_argument_errors():
+    ws = _ws()
+    logits, ends = torch.zeros(2, 64).bfloat16(), torch.full((2,), 64, dtype=torch.int32)
+    ids = torch.empty(2, 64, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="init_dcp_topk_merge"):
+        nt.dcp_topk_merge(logits, ends, ids, workspace=None)
+    with pytest.raises(TypeError, match="workspace must be a DcpTopkWorkspace, got dict"):
+        nt.dcp_topk_merge(logits, ends, ids, workspace={})
+    with pytest.raises(ValueError, match="3 rows exceed the workspace's max_rows=2"):
+        nt.dcp_topk_merge(torch.zeros(3, 64).bfloat16(), torch.zeros(3, dtype=torch.int32),
+                          torch.empty(3, 64, dtype=torch.int32), workspace=ws)
+    with pytest.raises(ValueError, match="ids_out must be \\[2, 64\\], got \\(2, 32\\)"):
+        nt.dcp_topk_merge(logits, ends, torch.empty(2, 32, dtype=torch.int32), workspace=ws)
+    with pytest.raises(TypeError, match="ids_out must be torch.int32, got torch.int64"):
+        nt.dcp_topk_merge(logits, ends, ids.long(), workspace=ws)
+    with pytest.raises(ValueError, match="row_ends must have >= 2 entries, got 1"):
+        nt.dcp_topk_merge(logits, ends[:1], ids, workspace=ws)
+    with pytest.raises(ValueError, match="must be on cpu"):
+        nt.dcp_topk_merge(logits.to("meta"), ends, ids, workspace=ws)
+
+
+def test_merge_rows_argument_errors():
+    ws = _ws()
+    logits, ends = torch.zeros(2, 64).bfloat16(), torch.full((2,), 64, dtype=torch.int32)
+    good = dict(logits=logits, row_ends=ends, workspace=ws, req_id=torch.zeros(2, dtype=torch.int32),
+                block_table=torch.zeros(1, 4, dtype=torch.int32), block_size=16, stride_rows=16,
+                rows_out=torch.empty(2, 64, dtype=torch.int32), valid_out=torch.empty(2, dtype=torch.int32))
+    for change, error, match in [
+        (dict(rows_out=torch.empty(2, 63, dtype=torch.int32)), ValueError, "rows_out must be \\[2, >= 64\\]"),
+        (dict(valid_out=torch.empty(3, dtype=torch.int32)), ValueError, "valid_out must be \\[2\\]"),
+        (dict(block_size=0), ValueError, "block_size must be >= 1, got 0"),
+        (dict(req_id=torch.zeros(1, dtype=torch.int32)), ValueError, "req_id must have >= 2 entries"),
+        (dict(block_table=torch.zeros(4, dtype=torch.int32)), ValueError, "block_table must have 2 dimensions"),
+        (dict(packed=torch.zeros(2, 10, dtype=torch.int32)), ValueError, "packed must be \\[2, 96\\]"),
+    ]:
+        with pytest.raises(error, match=match):
+            nt.dcp_topk_merge_rows(**{**good, **change})
+
+
+def test_pack_argument_errors():
+    logits, ends = torch.zeros(2, 64).bfloat16(), torch.full((2,), 64, dtype=torch.int32)
+    with pytest.raises(ValueError, match="local_topk must be >= 32 and a multiple of 32, got 33"):
+        nt.dcp_topk_pack(logits, ends, local_topk=33, max_local_len=64)
+    with pytest.raises(ValueError, match="out must be \\[2, 32\\], got \\(2, 33\\)"):
+        nt.dcp_topk_pack(logits, ends, local_topk=32, max_local_len=64,
+                         out=torch.empty(2, 33, dtype=torch.int32))
+    with pytest.raises(TypeError, match="local_idx must be torch.int32"):
+        nt.dcp_topk_pack_indices(logits, torch.zeros(2, 32), ends, max_local_len=64)
+    with pytest.raises(ValueError, match="local_idx.shape\\[1\\] must be >= 32 and a multiple of 32, got 40"):
+        nt.dcp_topk_pack_indices(logits, torch.zeros(2, 40, dtype=torch.int32), ends, max_local_len=64)
+
+
+def test_select_needs_an_output():
+    ws = _ws()
+    with pytest.raises(ValueError, match="nowhere to write"):
+        nt.dcp_topk_select(torch.zeros(2, 64).bfloat16(), torch.zeros(2, dtype=torch.int32),
+                           workspace=ws, num_rows=2)
+
+
+def test_import_does_not_pull_nvshmem_or_triton():
+    import subprocess
+    import sys
+
+    code = "import sys, nvshmem_topk; print(any(m.split('.')[0] in ('nvshmem', 'triton') for m in sys.modules))"
+    assert subprocess.check_output([sys.executable, "-c", code], text=True).strip() == "False"
+
+
+def test_families_reach_saturation_up_to_the_slot_limit():
+    for name, logits, ends, k, n, inter in families(4):
+        if name != "saturated_max":
+            continue
+        world = logits.shape[0]
+        gathered = torch.stack([reference.pack(logits[r], ends[r], n, logits.shape[2]) for r in range(world)])
+        _, sat = reference.select(gathered, topk=k, local_topk=n, world_size=world, interleave=inter,
+                                  max_local_len=logits.shape[2])
+        popcount = [bin(int(m)).count("1") for m in fmt.sat_mask(sat)]
+        assert popcount == [min(world, k // n)] * logits.shape[1]
