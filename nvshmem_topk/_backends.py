@@ -60,11 +60,7 @@ def resolve_impl(impl: str | None, device: torch.device) -> str:
 
 
 def backend(impl: str):
-    if impl == "reference":
-        return ReferenceBackend()
-    from .kernels import launch
-
-    return launch
+    return ReferenceBackend() if impl == "reference" else TritonBackend()
 
 
 def _gathered(ws: DcpTopkWorkspace, epochs: torch.Tensor) -> torch.Tensor:
@@ -164,3 +160,56 @@ def _emit(ws: DcpTopkWorkspace, selected: torch.Tensor, rows: torch.Tensor, out:
         )
         spec.rows_out[rows, : ws.topk] = owned
         spec.valid_out[rows] = count
+
+
+# A bounded poll: about a microsecond per spin on a GPU (one system-scope
+# atomic round trip), much slower under the interpreter, so a wait never
+# ends before timeout_s and always ends.
+SPINS_PER_SECOND = 1_000_000
+
+
+class TritonBackend:
+    """The protocol in Triton kernels: no host synchronisation, peers reached
+    through the workspace's address tables."""
+
+    @staticmethod
+    def pack(logits, row_ends, out, *, local_topk, max_local_len):
+        from .kernels import pack
+
+        pack.pack(out, logits, row_ends, local_topk=local_topk, max_local_len=max_local_len)
+
+    @staticmethod
+    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len):
+        from .kernels import pack
+
+        pack.pack_indices(out, logits, local_idx, row_ends, max_local_len=max_local_len)
+
+    @staticmethod
+    def push_rows(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
+        from .kernels import exchange
+
+        exchange.push_rows(packed, ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs,
+                           max_rows=ws.max_rows, rank=ws.rank, world_size=ws.world_size)
+
+    @staticmethod
+    def _common(ws: DcpTopkWorkspace, rows: int, out: Outputs) -> dict:
+        return dict(num_rows=rows, ids=out.ids, rows=out.rows, sorted=out.sorted, sat=ws.sat,
+                    status=ws.status, gather=ws.gather.local, flags=ws.flags.local, epochs=ws.epochs,
+                    max_rows=ws.max_rows, rank=ws.rank, world_size=ws.world_size, topk=ws.topk,
+                    local_topk=ws.local_topk, planes=ws.planes, slots=ws.slots,
+                    interleave=ws.interleave, gid_bits=ws.gid_bits,
+                    max_spins=int(ws.timeout_s * SPINS_PER_SECOND))
+
+    @classmethod
+    def select(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
+        from .kernels import select
+
+        select.select(**cls._common(ws, rows, out), recv_ptrs=ws.recv.peer_ptrs,
+                      flag_ptrs=ws.flags.peer_ptrs, logits=logits, row_ends=row_ends,
+                      max_local_len=ws.max_local_len)
+
+    @classmethod
+    def rescue(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
+        from .kernels import select
+
+        select.rescue(**cls._common(ws, rows, out), recv=ws.recv.local)

@@ -1,0 +1,106 @@
+"""Device helpers shared by the kernel families: scores, packed words,
+select keys, the exact top-K threshold and the ordered emit. Mirrors
+``nvshmem_topk/format.py`` (the layout's one description)."""
+
+import triton
+import triton.language as tl
+
+LOW_BITS: tl.constexpr = 16
+LOCAL_ID_BITS: tl.constexpr = 20
+SAT_MASK_SHIFT: tl.constexpr = 47
+
+
+@triton.jit
+def ord16(bits):
+    """bf16 bits (int32 in [0, 0xFFFF]) -> order-preserving unsigned image."""
+    return tl.where(bits >= 0x8000, ~bits & 0xFFFF, bits | 0x8000)
+
+
+@triton.jit
+def score_bits(ptr, mask):
+    """bf16 bits of the scores at ``ptr`` (bf16, or fp32 rounded to bf16)."""
+    x = tl.load(ptr, mask=mask, other=0.0).to(tl.bfloat16)
+    return x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def is_nan_bits(bits):
+    return (bits & 0x7FFF) > 0x7F80
+
+
+@triton.jit
+def decode_keys(row_ptr, slot, owner, present_mask, NUM: tl.constexpr, PLANES: tl.constexpr,
+                WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
+    """Keys (int64, 0 = empty) of candidates ``slot`` of the packed row(s) at
+    ``row_ptr`` (int32 pointers, broadcasting with ``slot``) sent by ``owner``."""
+    word = tl.load(row_ptr + slot, mask=present_mask, other=0).to(tl.int64) & 0xFFFFFFFF
+    local = 0xFFFF - (word & 0xFFFF)
+    for p in tl.static_range(PLANES):
+        plane = tl.load(row_ptr + NUM + p * (NUM // 32) + slot // 32, mask=present_mask, other=0)
+        local |= ((plane >> (slot % 32)) & 1).to(tl.int64) << (LOW_BITS + p)
+    gid = (local // INTERLEAVE) * (WORLD * INTERLEAVE) + owner * INTERLEAVE + local % INTERLEAVE
+    key = ((word >> LOW_BITS) << GID_BITS) | ((1 << GID_BITS) - 1 - gid)
+    return tl.where(word != 0, key, 0)
+
+
+@triton.jit
+def kth_largest(keys, k, KEY_BITS: tl.constexpr):
+    """The k-th largest of the unique non-negative int64 ``keys`` (any
+    shape; 0 = empty), or 0 when fewer than k are non-zero: a bitwise
+    search for the largest v with #(keys >= v) >= k."""
+    prefix = tl.zeros((), dtype=tl.int64)
+    for b in tl.static_range(KEY_BITS):
+        trial = prefix | (tl.full((), 1, tl.int64) << (KEY_BITS - 1 - b))
+        count = tl.sum(tl.sum(((keys >= trial) & (keys != 0)).to(tl.int32), axis=1), axis=0)
+        prefix = tl.where(count >= k, trial, prefix)
+    total = tl.sum(tl.sum((keys != 0).to(tl.int32), axis=1), axis=0)
+    return tl.where(total >= k, prefix, 0)
+
+
+@triton.jit
+def flat_positions(flags):
+    """Exclusive row-major prefix count of a 2-D 0/1 int32 tensor: the slot
+    each set element takes when they are compacted in candidate order."""
+    per_row = tl.sum(flags, axis=1)
+    row_start = tl.cumsum(per_row, axis=0) - per_row
+    return row_start[:, None] + tl.cumsum(flags, axis=1) - flags
+
+
+@triton.jit
+def emit_selected(keys, kappa, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
+                  num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank,
+                  TOPK: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr,
+                  GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr,
+                  SORTED: tl.constexpr):
+    """Write the keys >= kappa (a 2-D [ranks, slots] tensor in candidate
+    order) as ids and/or this rank's physical rows of ``row``: compacted in
+    candidate order (or by descending key when SORTED), -1 after."""
+    chosen = (keys >= kappa) & (keys != 0)
+    if SORTED:
+        flat = tl.sort(tl.reshape(tl.where(chosen, keys, 0), (keys.shape[0] * keys.shape[1],)),
+                       descending=True)
+        keys = tl.reshape(flat, (1, keys.shape[0] * keys.shape[1]))
+        chosen = keys != 0
+    chosen_i = chosen.to(tl.int32)
+    slot = flat_positions(chosen_i)
+    count = tl.sum(tl.sum(chosen_i, axis=1), axis=0)
+    gid = (1 << GID_BITS) - 1 - (keys & ((1 << GID_BITS) - 1))
+    tail = tl.arange(0, TOPK)
+    if EMIT_IDS:
+        ids_row = ids_ptr + row * TOPK
+        tl.store(ids_row + slot, gid.to(tl.int32), mask=chosen)
+        tl.store(ids_row + tail, tl.full((TOPK,), -1, tl.int32), mask=tail >= count)
+    if EMIT_ROWS:
+        owner = (gid // INTERLEAVE) % WORLD
+        local = (gid // (INTERLEAVE * WORLD)) * INTERLEAVE + gid % INTERLEAVE
+        block = local // block_size
+        req = tl.load(req_ptr + row).to(tl.int64)
+        keep = chosen & (owner == rank) & (block < num_blocks) & (req >= 0) & (req < num_reqs)
+        entry = tl.load(table_ptr + req * table_stride + block, mask=keep, other=0).to(tl.int64)
+        keep_i = keep.to(tl.int32)
+        owned = tl.sum(tl.sum(keep_i, axis=1), axis=0)
+        out_row = rows_ptr + row * rows_stride
+        tl.store(out_row + flat_positions(keep_i), (entry * stride_rows + local % block_size).to(tl.int32),
+                 mask=keep)
+        tl.store(out_row + tail, tl.full((TOPK,), -1, tl.int32), mask=tail >= owned)
+        tl.store(valid_ptr + row, owned)

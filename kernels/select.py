@@ -1,0 +1,168 @@
+"""Select (round 1) and rescue (round 2): one program per row.
+
+Select: wait for every rank's round-1 row of this epoch, decode the W*N
+keys, find the K-th key (kappa) exactly, emit ids / owned rows in candidate
+order, store the saturation state and, on a saturated rank, build its local
+top-K into its receive slot on every rank and release the rescue flags.
+Rescue: rows with an empty mask cost one load; the others wait for the
+saturated ranks' lists and select again over {unsaturated words >= kappa}
+U {pushed lists}. Both emit through ``keys.emit_selected``, so equal
+candidate sets give bit-identical outputs. Bit-identical to
+``reference.select`` / ``reference.rescue`` and the reference protocol."""
+
+import triton
+import triton.language as tl
+
+from .keys import SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest
+from .pack import pack_row
+from .sync import record_timeout, release_flag, wait_flag_at_least
+
+_INT64_MAX: tl.constexpr = 0x7FFFFFFFFFFFFFFF
+
+
+@triton.jit
+def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr, WORLD: tl.constexpr):
+    """Wait for flags_ptr[q * max_rows + row] >= epoch for every q in need_mask."""
+    ok = True
+    for q in tl.static_range(WORLD):
+        if ok & (((need_mask >> q) & 1) != 0):
+            if not wait_flag_at_least(flags_ptr + q * max_rows + row, epoch, max_spins):
+                record_timeout(status_ptr, row.to(tl.int32), q, epoch)
+                ok = False
+    return ok
+
+
+@triton.jit
+def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
+                  gather_ptr, flags_ptr, epochs_ptr, recv_ptrs, flag_ptrs, logits_ptr, row_ends_ptr,
+                  req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows,
+                  rows_stride, logits_stride, width_limit, max_rows, rank, max_spins,
+                  TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
+                  WORLD: tl.constexpr, WORLD_P2: tl.constexpr, N_P2: tl.constexpr,
+                  INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
+                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    words: tl.constexpr = N + PLANES * (N // 32)
+    push_words: tl.constexpr = TOPK + PLANES * (TOPK // 32)
+    epoch = tl.load(epochs_ptr + row) + 1
+    if _wait_all(flags_ptr, (1 << WORLD) - 1, row, epoch, max_rows, max_spins, status_ptr, WORLD):
+        sender = tl.arange(0, WORLD_P2)
+        slot = tl.arange(0, N_P2)[None, :]
+        owner = sender[:, None]
+        base = gather_ptr + (((epoch & 1) * WORLD + owner) * max_rows + row) * words
+        keys = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N), N, PLANES, WORLD,
+                           INTERLEAVE, GID_BITS)
+        kappa = kth_largest(keys, TOPK, 16 + GID_BITS)
+        emit_selected(keys, kappa, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
+                      num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank, TOPK, WORLD,
+                      INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
+        present = keys != 0
+        full = tl.sum(present.to(tl.int32), axis=1) == N
+        smallest = tl.min(tl.where(present, keys, _INT64_MAX), axis=1)
+        saturated = full & (smallest >= kappa) & (sender < WORLD)
+        mask = tl.sum(tl.where(saturated, tl.full((WORLD_P2,), 1, tl.int64) << sender, 0), axis=0)
+        tl.store(sat_ptr + row, (mask << SAT_MASK_SHIFT) | kappa)
+        if SLOTS > 0:
+            if ((mask >> rank) & 1) != 0:
+                mine = tl.sum(tl.where(saturated & (sender < rank), 1, 0), axis=0)
+                offset = (row * SLOTS + mine) * push_words
+                local_recv = tl.load(recv_ptrs + rank).to(tl.pointer_type(tl.int32)) + offset
+                end = tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit)
+                pack_row(logits_ptr + row * logits_stride, end, local_recv, TOPK, PLANES, BLOCK)
+                tl.debug_barrier()
+                for start in tl.range(0, push_words, BLOCK):
+                    offs = start + tl.arange(0, BLOCK)
+                    list_words = tl.load(local_recv + offs, mask=offs < push_words)
+                    for q in tl.static_range(WORLD):
+                        if q != rank:
+                            peer = tl.load(recv_ptrs + q).to(tl.pointer_type(tl.int32)) + offset
+                            tl.store(peer + offs, list_words, mask=offs < push_words)
+                for q in tl.static_range(WORLD):
+                    peer_flags = tl.load(flag_ptrs + q).to(tl.pointer_type(tl.int32))
+                    release_flag(peer_flags + (WORLD + rank) * max_rows + row, epoch)
+
+
+@triton.jit
+def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
+                  gather_ptr, flags_ptr, epochs_ptr, recv_ptr,
+                  req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows,
+                  rows_stride, max_rows, rank, max_spins,
+                  TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
+                  WORLD: tl.constexpr, WORLD_P2: tl.constexpr, M_P2: tl.constexpr,
+                  INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
+                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    words: tl.constexpr = N + PLANES * (N // 32)
+    push_words: tl.constexpr = TOPK + PLANES * (TOPK // 32)
+    epoch = tl.load(epochs_ptr + row) + 1
+    sat = tl.load(sat_ptr + row)
+    mask = sat >> SAT_MASK_SHIFT
+    ok = True
+    if mask != 0:
+        ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD)
+        if ok:
+            kappa = sat & ((1 << SAT_MASK_SHIFT) - 1)
+            sender = tl.arange(0, WORLD_P2)
+            owner = sender[:, None]
+            slot = tl.arange(0, M_P2)[None, :]
+            is_sat = ((mask >> owner) & 1) != 0
+            base = gather_ptr + (((epoch & 1) * WORLD + owner) * max_rows + row) * words
+            seen = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N) & ~is_sat, N, PLANES,
+                               WORLD, INTERLEAVE, GID_BITS)
+            below = mask & ((tl.full((WORLD_P2, 1), 1, tl.int64) << owner) - 1)
+            rank_slot = tl.zeros((WORLD_P2, 1), dtype=tl.int64)
+            for b in tl.static_range(WORLD):
+                rank_slot += (below >> b) & 1
+            pushed_row = recv_ptr + (row * SLOTS + rank_slot) * push_words
+            pushed = decode_keys(pushed_row, slot, owner, (owner < WORLD) & (slot < TOPK) & is_sat,
+                                 TOPK, PLANES, WORLD, INTERLEAVE, GID_BITS)
+            keys = tl.where(is_sat, pushed, tl.where(seen >= kappa, seen, 0))
+            emit_selected(keys, kth_largest(keys, TOPK, 16 + GID_BITS), row, ids_ptr, rows_ptr,
+                          valid_ptr, req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size,
+                          stride_rows, rows_stride, rank, TOPK, WORLD, INTERLEAVE, GID_BITS,
+                          EMIT_IDS, EMIT_ROWS, SORTED)
+    if ok:
+        tl.store(epochs_ptr + row, epoch)
+
+
+def _p2(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+def _out_args(ids, rows, fallback):
+    """Pointers and scalars of the optional outputs (unused ones point at
+    ``fallback`` and are never touched: EMIT_* are compile-time)."""
+    if rows is None:
+        return (ids if ids is not None else fallback, fallback, fallback, fallback, fallback, 0, 0, 0, 1, 1, 0)
+    table = rows.block_table
+    return (ids if ids is not None else fallback, rows.rows_out, rows.valid_out, rows.req_id, table,
+            table.stride(0), table.shape[0], table.shape[1], rows.block_size, rows.stride_rows,
+            rows.rows_out.stride(0))
+
+
+def select(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, recv_ptrs, flag_ptrs,
+           logits, row_ends, max_local_len, max_rows, rank, world_size, topk, local_topk, planes,
+           slots, interleave, gid_bits, max_spins) -> None:
+    if num_rows == 0:
+        return
+    out = _out_args(ids, rows, epochs)
+    select_kernel[(num_rows,)](
+        out[0], out[1], out[2], sat, status, gather, flags, epochs, recv_ptrs, flag_ptrs, logits,
+        row_ends, *out[3:], logits.stride(0), min(logits.shape[1], max_local_len),
+        max_rows, rank, max_spins,
+        TOPK=topk, N=local_topk, PLANES=planes, SLOTS=slots, WORLD=world_size,
+        WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
+        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, BLOCK=1024, num_warps=8)
+
+
+def rescue(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, recv, max_rows, rank,
+           world_size, topk, local_topk, planes, slots, interleave, gid_bits, max_spins) -> None:
+    if num_rows == 0:
+        return
+    out = _out_args(ids, rows, epochs)
+    rescue_kernel[(num_rows,)](
+        out[0], out[1], out[2], sat, status, gather, flags, epochs, recv, *out[3:], max_rows, rank,
+        max_spins, TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(slots, 1), WORLD=world_size,
+        WORLD_P2=_p2(world_size), M_P2=_p2(max(local_topk, topk)), INTERLEAVE=interleave,
+        GID_BITS=gid_bits, EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted,
+        num_warps=8)
