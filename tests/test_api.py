@@ -8,47 +8,22 @@ import nvshmem_topk as nt
 from cases import families
 from nvshmem_topk import format as fmt
 from nvshmem_topk import reference
+from drive import drive
 from oracle import assert_exact, oracle_topk
-
-
-def _drive_rows(logits, ends, *, topk, local_topk, interleave, block_size, stride_rows, impl="reference"):
-    """The merge to physical rows, stage by stage over a simulated group."""
-    world, rows, width = logits.shape
-    group = nt.SimulatedGroup(world)
-    wss = [nt.init_dcp_topk_merge(g, max_rows=rows + 3, topk=topk, local_topk=local_topk,
-                                  max_local_len=width, interleave=interleave, impl=impl)
-           for g in group.ranks]
-    blocks = -(-width // block_size)
-    gen = torch.Generator().manual_seed(1)
-    table = torch.randperm(rows * blocks + 7, generator=gen)[: rows * blocks].view(rows, blocks).int()
-    table = table[:, : max(1, blocks - 1)].contiguous()  # the last block is past the table
-    req_id = torch.arange(rows - 1, -1, -1, dtype=torch.int32)
-    ids = torch.full((world, rows, topk), -7, dtype=torch.int32)
-    outs = [nt.RowsOutput(req_id, table, block_size, stride_rows,
-                          torch.full((rows, topk + 2), -7, dtype=torch.int32),
-                          torch.full((rows,), -7, dtype=torch.int32)) for _ in range(world)]
-    for r, ws in enumerate(wss):
-        packed = nt.dcp_topk_pack(logits[r], ends[r], local_topk=local_topk, max_local_len=width, impl=impl)
-        nt.dcp_topk_exchange(packed, workspace=ws)
-    for stage in (nt.dcp_topk_select, nt.dcp_topk_rescue):
-        for r, ws in enumerate(wss):
-            stage(logits[r], ends[r], workspace=ws, num_rows=rows, ids_out=ids[r], rows=outs[r])
-    return ids, outs, table, req_id, wss
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 5])
 def test_rows_output_matches_ids(world_size):
     for name, logits, ends, k, n, inter in families(world_size, seed=4):
-        ids, outs, table, req_id, _ = _drive_rows(logits, ends, topk=k, local_topk=n, interleave=inter,
-                                                  block_size=16, stride_rows=64)
-        assert_exact(ids, oracle_topk(logits, ends, k, inter))
+        got = drive(logits, ends, topk=k, local_topk=n, interleave=inter)
+        assert_exact(got["ids"], oracle_topk(logits, ends, k, inter))
         for r in range(world_size):
-            want, count = reference.owned_rows(ids[r], rank=r, world_size=world_size, interleave=inter,
-                                               req_id=req_id, block_table=table, block_size=16,
-                                               stride_rows=64)
-            assert torch.equal(outs[r].rows_out[:, :k], want), name
-            assert torch.equal(outs[r].valid_out, count), name
-            assert (outs[r].rows_out[:, k:] == -7).all(), "columns past K are not written"
+            want, count = reference.owned_rows(got["ids"][r], rank=r, world_size=world_size,
+                                               interleave=inter, req_id=got["req_id"],
+                                               block_table=got["table"], block_size=16, stride_rows=64)
+            assert torch.equal(got["rows_out"][r, :, :k], want), name
+            assert torch.equal(got["valid_out"][r], count), name
+            assert (got["rows_out"][r, :, k:] == -7).all(), "columns past K are not written"
 
 
 def test_rows_by_hand_against_block_table():
@@ -56,11 +31,10 @@ def test_rows_by_hand_against_block_table():
     logits[0, 0, 5] = 4.0  # global 10
     logits[1, 0, 3] = 3.0  # global 7
     ends = torch.full((2, 1), 64, dtype=torch.int32)
-    ids, outs, table, req_id, _ = _drive_rows(logits, ends, topk=32, local_topk=32, interleave=1,
-                                              block_size=4, stride_rows=10, )
-    assert {10, 7} <= set(ids[0, 0].tolist())
-    row0 = outs[0].rows_out[0].tolist()
-    assert table[0, 1].item() * 10 + 1 in row0  # local 5 -> block 1, offset 1
+    got = drive(logits, ends, topk=32, local_topk=32, block_size=4, stride_rows=10)
+    assert {10, 7} <= set(got["ids"][0, 0].tolist())
+    # rank 0 owns global 10 = local 5 -> block 1, offset 1
+    assert got["table"][0, 1].item() * 10 + 1 in got["rows_out"][0, 0].tolist()
 
 
 def test_merge_rows_per_rank_api_at_w1_with_packed_input():

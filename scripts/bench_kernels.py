@@ -1,0 +1,94 @@
+"""Single-GPU benchmark: pack vs torch.topk(k=N), select, and the whole
+simulated merge vs the generic merge, all in one process (CUDA, medians of
+triton.testing.do_bench). Prints a table and writes JSON.
+
+    python scripts/bench_kernels.py --out results.json
+
+Bytes (for reading the pack numbers): one pass over bf16 logits reads
+2*T*S bytes; the pack makes three passes over each row's valid prefix."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton.testing
+
+import nvshmem_topk as nt
+from nvshmem_topk import _backends, api
+from nvshmem_topk.format import default_local_topk, packed_row_words
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # us
+
+
+def generic_merge(logits, topk):
+    """The generic merge's compute for W ranks: local top-K, 8-byte
+    (score, global id) pairs, top-K over W*K on every rank."""
+    world, rows, _ = logits.shape
+    vals, idx = logits.topk(topk, dim=2)
+    gid = idx * world + torch.arange(world, device=logits.device)[:, None, None]
+    pairs_v = vals.float().permute(1, 0, 2).reshape(rows, world * topk)
+    pairs_i = gid.permute(1, 0, 2).reshape(rows, world * topk)
+    for _ in range(world):
+        best = pairs_v.topk(topk, dim=1).indices
+        out = pairs_i.gather(1, best)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench_kernels.json")
+    parser.add_argument("--topk", type=int, default=2048)
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    k = args.topk
+    results = {"gpu": torch.cuda.get_device_name(), "topk": k, "pack": [], "select": [], "merge": []}
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    n = 384
+    print(f"# {results['gpu']}  K={k}  medians of do_bench (us)")
+    print(f"{'pack N=384':<14}{'T':>5}{'S':>8}{'pack':>9}{'topk(N)':>9}{'speedup':>9}")
+    for rows in (1, 8, 64, 256):
+        for width in (16384, 65536, 131072):
+            logits = torch.randn(rows, width, device=dev, generator=gen).bfloat16()
+            ends = torch.full((rows,), width, dtype=torch.int32, device=dev)
+            out = torch.empty(rows, packed_row_words(n, 1), dtype=torch.int32, device=dev)
+            t_pack = bench(lambda: nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=131072,
+                                                    out=out, impl="triton"))
+            t_topk = bench(lambda: logits.topk(n, dim=1))
+            results["pack"].append(dict(T=rows, S=width, N=n, pack_us=t_pack, torch_topk_us=t_topk))
+            print(f"{'':<14}{rows:>5}{width:>8}{t_pack:>9.1f}{t_topk:>9.1f}{t_topk / t_pack:>8.1f}x")
+
+    print(f"{'merge W=8':<14}{'T':>5}{'S':>8}{'merge':>9}{'generic':>9}{'speedup':>9}{'select':>9}")
+    world = 8
+    n = default_local_topk(k, world)
+    for rows in (1, 8, 64, 256):
+        for width in (16384, 65536, 131072):
+            logits = torch.randn(world, rows, width, device=dev, generator=gen).bfloat16()
+            ends = torch.full((world, rows), width, dtype=torch.int32, device=dev)
+            group = nt.SimulatedGroup(world, dev)
+            wss = [nt.init_dcp_topk_merge(g, max_rows=rows, topk=k, local_topk=n, max_local_len=width,
+                                          impl="triton") for g in group.ranks]
+            ids = torch.empty(world, rows, k, dtype=torch.int32, device=dev)
+            outs = [_backends.Outputs(ids[r], None, False) for r in range(world)]
+            run = lambda: api._run_merge(wss, list(logits), list(ends), outs)  # noqa: E731
+            t_merge = bench(run)
+            t_generic = bench(lambda: generic_merge(logits, k))
+            tri = _backends.TritonBackend
+            t_select = bench(lambda: tri.select(wss[0], logits[0], ends[0], rows, outs[0]))
+            expected = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference")
+            exact = bool(torch.equal(ids, expected))
+            results["merge"].append(dict(W=world, T=rows, S=width, N=n, merge_us=t_merge,
+                                         generic_us=t_generic, select_us=t_select, exact=exact))
+            print(f"{'':<14}{rows:>5}{width:>8}{t_merge:>9.1f}{t_generic:>9.1f}"
+                  f"{t_generic / t_merge:>8.1f}x{t_select:>9.1f}  exact={exact}")
+            group.destroy()
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
