@@ -5,9 +5,8 @@ select keys, the exact top-K threshold and the ordered emit. Mirrors
 import triton
 import triton.language as tl
 
-LOW_BITS: tl.constexpr = 16
-LOCAL_ID_BITS: tl.constexpr = 20
-SAT_MASK_SHIFT: tl.constexpr = 47
+LOW_BITS = tl.constexpr(16)
+SAT_MASK_SHIFT = tl.constexpr(47)
 
 
 @triton.jit

@@ -131,7 +131,7 @@ def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_ends_ptr, logits_strid
             tl.store(out_row + N + p * (N // 32) + group, plane, mask=group < N // 32)
 
 
-PACK_BLOCK = 1024
+PACK_BLOCK = 4096
 PACK_GROUPS = 8
 
 
@@ -146,7 +146,7 @@ def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int) -> None:
     if rows == 0:
         return
     pack_kernel[(rows,)](out, logits, row_ends, logits.stride(0), min(width, max_local_len),
-                         N=local_topk, PLANES=_planes(out, local_topk), BLOCK=PACK_BLOCK, num_warps=8)
+                         N=local_topk, PLANES=_planes(out, local_topk), BLOCK=PACK_BLOCK, num_warps=16)
 
 
 def pack_indices(out, logits, local_idx, row_ends, *, max_local_len: int) -> None:

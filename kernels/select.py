@@ -17,7 +17,7 @@ from .keys import SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest
 from .pack import pack_row
 from .sync import record_timeout, release_flag, wait_flag_at_least
 
-_INT64_MAX: tl.constexpr = 0x7FFFFFFFFFFFFFFF
+_INT64_MAX = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
 
 @triton.jit
