@@ -62,7 +62,7 @@ def main() -> None:
             results["pack"].append(dict(T=rows, S=width, N=n, pack_us=t_pack, torch_topk_us=t_topk))
             print(f"{'':<14}{rows:>5}{width:>8}{t_pack:>9.1f}{t_topk:>9.1f}{t_topk / t_pack:>8.1f}x")
 
-    print(f"{'merge W=8':<14}{'T':>5}{'S':>8}{'merge':>9}{'generic':>9}{'speedup':>9}{'select':>9}")
+    print(f"{'merge W=8':<14}{'T':>5}{'S':>8}{'eager':>9}{'graph':>9}{'generic':>9}{'vs graph':>9}{'select':>9}")
     world = 8
     n = default_local_topk(k, world)
     for rows in (1, 8, 64, 256):
@@ -76,15 +76,25 @@ def main() -> None:
             outs = [_backends.Outputs(ids[r], None, False) for r in range(world)]
             run = lambda: api._run_merge(wss, list(logits), list(ends), outs)  # noqa: E731
             t_merge = bench(run)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run()
+            t_graph = bench(graph.replay)
             t_generic = bench(lambda: generic_merge(logits, k))
+            expected = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference")
+            run()
+            exact = bool(torch.equal(ids, expected))
+            # The select alone, re-run on one epoch: flags far ahead let its
+            # waits pass at once (the select never advances the epoch).
+            for ws in wss:
+                ws.flags.local.fill_(1 << 30)
             tri = _backends.TritonBackend
             t_select = bench(lambda: tri.select(wss[0], logits[0], ends[0], rows, outs[0]))
-            expected = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference")
-            exact = bool(torch.equal(ids, expected))
-            results["merge"].append(dict(W=world, T=rows, S=width, N=n, merge_us=t_merge,
-                                         generic_us=t_generic, select_us=t_select, exact=exact))
-            print(f"{'':<14}{rows:>5}{width:>8}{t_merge:>9.1f}{t_generic:>9.1f}"
-                  f"{t_generic / t_merge:>8.1f}x{t_select:>9.1f}  exact={exact}")
+            results["merge"].append(dict(W=world, T=rows, S=width, N=n, merge_eager_us=t_merge,
+                                         merge_graph_us=t_graph, generic_us=t_generic,
+                                         select_us=t_select, exact=exact))
+            print(f"{'':<14}{rows:>5}{width:>8}{t_merge:>9.1f}{t_graph:>9.1f}{t_generic:>9.1f}"
+                  f"{t_generic / t_graph:>8.1f}x{t_select:>9.1f}  exact={exact}")
             group.destroy()
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)

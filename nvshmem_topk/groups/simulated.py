@@ -19,7 +19,10 @@ class SimulatedGroup:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         self.world_size = world_size
-        self.device = torch.device(device)
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         self._allocations: list[list[torch.Tensor]] = []
         self.ranks = tuple(SimulatedRank(self, r) for r in range(world_size))
 
