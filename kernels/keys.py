@@ -7,6 +7,7 @@ import triton.language as tl
 
 LOW_BITS = tl.constexpr(16)
 SAT_MASK_SHIFT = tl.constexpr(47)
+SAT_KAPPA_MASK = tl.constexpr((1 << 47) - 1)
 
 
 @triton.jit

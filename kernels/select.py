@@ -13,7 +13,7 @@ candidate sets give bit-identical outputs. Bit-identical to
 import triton
 import triton.language as tl
 
-from .keys import SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest
+from .keys import SAT_KAPPA_MASK, SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest
 from .pack import pack_row
 from .sync import record_timeout, release_flag, wait_flag_at_least
 
@@ -101,7 +101,7 @@ def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
     if mask != 0:
         ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD)
         if ok:
-            kappa = sat & ((1 << SAT_MASK_SHIFT) - 1)
+            kappa = sat & SAT_KAPPA_MASK
             sender = tl.arange(0, WORLD_P2)
             owner = sender[:, None]
             slot = tl.arange(0, M_P2)[None, :]
