@@ -49,7 +49,8 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr):
     shape; 0 = empty), or 0 when fewer than k are non-zero: a bitwise
     search for the largest v with #(keys >= v) >= k."""
     prefix = tl.zeros((), dtype=tl.int64)
-    for b in tl.static_range(KEY_BITS):
+    # A run-time loop: unrolled, a large candidate tile made LLVM take minutes.
+    for b in range(KEY_BITS):
         trial = prefix | (tl.full((), 1, tl.int64) << (KEY_BITS - 1 - b))
         count = tl.sum(tl.sum(((keys >= trial) & (keys != 0)).to(tl.int32), axis=1), axis=0)
         prefix = tl.where(count >= k, trial, prefix)

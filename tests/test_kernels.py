@@ -51,6 +51,21 @@ def test_sorted_output_and_planes_match_reference():
 
 
 @needs_triton
+@pytest.mark.parametrize("world_size,width", [(3, 6000), (8, 4000)])
+def test_k4096_with_saturation_matches_reference(world_size, width):
+    gen = torch.Generator().manual_seed(world_size)
+    logits = torch.randn(world_size, 2, width, generator=gen).bfloat16()
+    logits[0, 0, :8192] += 6.0  # rank 0 saturated on row 0
+    logits[:, 1] = 1.0
+    ends = torch.randint(width // 2, width + 1, (world_size, 2), generator=gen, dtype=torch.int32)
+    n = -(-(3 * 4096 // (2 * world_size)) // 32) * 32
+    device = "cuda" if not interpreted else "cpu"
+    got = _same_at_every_stage(logits.to(device), ends.to(device), topk=4096, local_topk=n)
+    assert (got["sat"][:, 0] >> 47).tolist() == [1] * world_size
+    assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, 4096))
+
+
+@needs_triton
 def test_pack_indices_kernel_matches_reference():
     import nvshmem_topk as nt
     from nvshmem_topk import reference
