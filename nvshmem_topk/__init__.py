@@ -18,7 +18,7 @@ from .api import (
 )
 from .contract import assert_packed_merge_contract
 from .format import default_local_topk, num_planes, packed_row_words, rescue_slots
-from .groups import DcpGroup, SimulatedGroup, SymmetricTensor
+from .groups import DcpGroup, ShmGroup, SimulatedGroup, SymmetricTensor
 from .workspace import DcpTopkTimeoutError, DcpTopkWorkspace
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "DcpTopkTimeoutError",
     "DcpTopkWorkspace",
     "RowsOutput",
+    "ShmGroup",
     "SimulatedGroup",
     "SymmetricTensor",
     "assert_packed_merge_contract",

@@ -1,11 +1,14 @@
 """Command line: ``python -m nvshmem_topk demo`` (also ``nvshmem-topk demo``).
 
-The demo merges synthetic indexer-like scores over a simulated DCP group and
-checks every row against an unsharded top-K of the same scores."""
+The demo merges synthetic indexer-like scores and checks every row against
+an unsharded top-K of the same scores. Under torchrun each process is one
+rank of a CPU shared-memory group running the real protocol; without it, W
+virtual ranks of a simulated group run in this process."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -45,7 +48,51 @@ def unsharded_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, inte
     return result
 
 
+def distributed_demo(args: argparse.Namespace) -> int:
+    """One rank of the demo under torchrun: the real protocol across
+    processes (CPU shared memory), every rank checking the unsharded top-K."""
+    import torch.distributed as dist
+
+    from .api import dcp_topk_merge, init_dcp_topk_merge
+    from .groups.shm import ShmGroup
+
+    if torch.cuda.is_available():
+        raise SystemExit("the NVSHMEM group for GPUs is not implemented yet; run the demo on CPUs "
+                         "(CUDA_VISIBLE_DEVICES=) or without torchrun (simulated group)")
+    group = ShmGroup.from_env()
+    world_size, rank = group.world_size, group.rank
+    logits = indexer_like_logits(world_size, args.rows, args.local_len, seed=world_size)
+    row_ends = torch.full((world_size, args.rows), args.local_len, dtype=torch.int32)
+    row_ends[:, 0] = args.local_len // 3
+    want = unsharded_topk(logits, row_ends, args.topk, 1)
+    if rank == 0:
+        print(f"{'W':>3} {'T':>4} {'S_local':>8} {'K':>5} {'N':>5} {'impl':>9} {'exchange':>10} {'ms':>8}  exact")
+    failures = 0
+    for exchange in ("push", "all_gather"):
+        ws = init_dcp_topk_merge(group, max_rows=args.rows, topk=args.topk, max_local_len=args.local_len,
+                                 impl=args.impl, exchange=exchange)
+        ids = torch.empty(args.rows, args.topk, dtype=torch.int32)
+        dcp_topk_merge(logits[rank], row_ends[rank], ids, workspace=ws)  # warm-up
+        group.barrier()
+        start = time.perf_counter()
+        dcp_topk_merge(logits[rank], row_ends[rank], ids, workspace=ws)
+        ms = (time.perf_counter() - start) * 1e3
+        everyone = group.all_gather(ids, ws.timeout_s)
+        exact = all(set(everyone[r, t].tolist()) - {-1} == want[t]
+                    for r in range(world_size) for t in range(args.rows))
+        failures += not exact
+        if rank == 0:
+            print(f"{world_size:>3} {args.rows:>4} {args.local_len:>8} {args.topk:>5} {ws.local_topk:>5} "
+                  f"{args.impl:>9} {exchange:>10} {ms:>8.1f}  {'yes' if exact else 'NO'}")
+        ws.destroy()
+    group.destroy()
+    dist.destroy_process_group()
+    return 1 if failures else 0
+
+
 def demo(args: argparse.Namespace) -> int:
+    if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        return distributed_demo(args)
     print(f"{'W':>3} {'T':>4} {'S_local':>8} {'K':>5} {'N':>5} {'impl':>9} {'ms':>8}  exact")
     failures = 0
     for world_size in args.world_sizes:

@@ -14,6 +14,7 @@ from .groups.simulated import SimulatedGroup
 from .workspace import DcpTopkWorkspace
 
 _LOGIT_DTYPES = (torch.bfloat16, torch.float32)
+EXCHANGES = ("push", "all_gather")
 
 
 # ------------------------------------------------------------ validation
@@ -102,7 +103,7 @@ def _check_workspace(workspace, rows: int) -> DcpTopkWorkspace:
 
 def init_dcp_topk_merge(
     group: DcpGroup, *, max_rows: int, topk: int, max_local_len: int, local_topk: int | None = None,
-    interleave: int = 1, impl: str | None = None, timeout_s: float = 5.0,
+    interleave: int = 1, impl: str | None = None, exchange: str = "push", timeout_s: float = 5.0,
 ) -> DcpTopkWorkspace:
     """Build this rank's workspace (collective over ``group``; before any
     merge and before CUDA-graph capture).
@@ -122,9 +123,14 @@ def init_dcp_topk_merge(
     _check_int("interleave", interleave, 1)
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
+    if exchange == "all_gather" and group.shares_process:
+        raise ValueError("exchange='all_gather' needs one process per rank; a simulated group uses 'push'")
     return DcpTopkWorkspace(
         group, max_rows=max_rows, topk=topk, local_topk=local_topk, max_local_len=max_local_len,
-        interleave=interleave, impl=resolve_impl(impl, group.device), timeout_s=float(timeout_s),
+        interleave=interleave, impl=resolve_impl(impl, group.device), exchange=exchange,
+        timeout_s=float(timeout_s),
     )
 
 
@@ -180,7 +186,7 @@ def dcp_topk_exchange(packed: torch.Tensor, *, workspace: DcpTopkWorkspace) -> N
     _check_tensor("packed", packed, torch.int32, 2)
     ws = _check_workspace(workspace, packed.shape[0])
     _check_out("packed", packed, (packed.shape[0], ws.row_words), ws.device)
-    backend(ws.impl).push_rows(ws, packed)
+    _exchange(ws, backend(ws.impl), packed)
 
 
 def _outputs(ws, rows: int, ids_out, rows_out: RowsOutput | None, sorted: bool) -> Outputs:
@@ -226,6 +232,25 @@ def dcp_topk_rescue(
 # ----------------------------------------------------------------- merge
 
 
+def _exchange(ws: DcpTopkWorkspace, impl, packed: torch.Tensor) -> None:
+    """Round-1 rows of every rank into this rank's gather buffer (this
+    epoch's parity) and its flags raised, by push or by the group's
+    all-gather."""
+    if ws.exchange == "push":
+        impl.push_rows(ws, packed)
+        return
+    rows = packed.shape[0]
+    epochs = ws.epochs[:rows] + 1
+    index = torch.arange(rows, device=ws.device)
+    try:
+        gathered = ws.group.all_gather(packed, ws.timeout_s)
+    except TimeoutError:
+        ws.record_timeout(0, -1, -1)
+        ws.check()
+    ws.gather.local[(epochs & 1).long(), :, index] = gathered.transpose(0, 1)
+    ws.flags.local[0, :, :rows] = epochs
+
+
 def _run_merge(workspaces, logits, row_ends, outputs, packed=None) -> None:
     """pack -> exchange -> select -> rescue, each stage for every rank given
     before the next stage starts (one rank on a real group; all virtual
@@ -238,7 +263,7 @@ def _run_merge(workspaces, logits, row_ends, outputs, packed=None) -> None:
             mine = torch.empty((rows, ws.row_words), dtype=torch.int32, device=ws.device)
             impl.pack(logits[r][:rows], row_ends[r][:rows], mine, local_topk=ws.local_topk,
                       max_local_len=ws.max_local_len)
-        impl.push_rows(ws, mine)
+        _exchange(ws, impl, mine)
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):
         impl.select(ws, logits[r], row_ends[r], rows, outputs[r])
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):

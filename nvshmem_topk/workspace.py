@@ -34,7 +34,7 @@ class DcpTopkWorkspace:
 
     def __init__(
         self, group: DcpGroup, *, max_rows: int, topk: int, local_topk: int, max_local_len: int,
-        interleave: int, impl: str, timeout_s: float,
+        interleave: int, impl: str, exchange: str, timeout_s: float,
     ) -> None:
         self.group = group
         self.rank = group.rank
@@ -48,6 +48,7 @@ class DcpTopkWorkspace:
         self.interleave = interleave
         self.gid_bits = fmt.global_id_bits(self.world_size, interleave, max_local_len)
         self.impl = impl
+        self.exchange = exchange
         self.timeout_s = timeout_s
         self.row_words = fmt.packed_row_words(local_topk, self.planes)
         self.push_words = fmt.packed_row_words(topk, self.planes)
@@ -72,6 +73,12 @@ class DcpTopkWorkspace:
         if self.destroyed:
             raise RuntimeError("this DCP top-k workspace was destroyed; call init_dcp_topk_merge")
         failed, row, rank, epoch = (int(v) for v in self.status)
+        if failed and rank < 0:
+            raise DcpTopkTimeoutError(
+                f"rank {self.rank}: the round-1 all-gather failed or did not complete within "
+                f"{self.timeout_s} s; a peer is dead, absent or out of step. Rebuild the "
+                "workspace (and the process group) with init_dcp_topk_merge on every rank."
+            )
         if failed:
             raise DcpTopkTimeoutError(
                 f"rank {self.rank}: waited more than {self.timeout_s} s for rank {rank}'s "

@@ -46,6 +46,11 @@ class DcpGroup(Protocol):
         """Collective: every rank allocates the same shape, zero-filled."""
         ...
 
+    def all_gather(self, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:
+        """Collective: ``[W, *tensor.shape]``, every rank's ``tensor``;
+        ``TimeoutError`` when the ranks have not all joined in time."""
+        ...
+
     def barrier(self) -> None: ...
 
     def destroy(self) -> None:

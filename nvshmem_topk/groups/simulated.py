@@ -75,6 +75,12 @@ class SimulatedRank:
         ptrs = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=self.device)
         return SymmetricTensor(tensors[self._rank], tuple(tensors), ptrs)
 
+    def all_gather(self, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:
+        raise ValueError(
+            "a simulated group's ranks run one after another in one process and cannot meet "
+            "in a collective; use exchange='push'"
+        )
+
     def barrier(self) -> None:
         """Virtual ranks run in program order: nothing to wait for."""
 

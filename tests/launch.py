@@ -1,0 +1,54 @@
+"""The one multi-process launch helper: W ranks of a script with
+torchrun's environment contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), each rank's exit code and output collected, everything killed
+at the timeout. Faults (a rank that dies or never arrives) stay visible per
+rank, which torchrun's agent would hide by stopping the others."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int | None
+    output: str
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(args: list[str], world_size: int, timeout_s: float, env: dict | None = None) -> list[RankResult]:
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        rank_env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                        LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                        PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+                        **(env or {}))
+        procs.append(subprocess.Popen([sys.executable, *args], env=rank_env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + timeout_s
+    results = []
+    for rank, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            results.append(RankResult(rank, proc.returncode, out))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            out, _ = proc.communicate()
+            results.append(RankResult(rank, None, out + f"\n[killed after {timeout_s} s]"))
+    return results

@@ -1,0 +1,105 @@
+"""One rank of the CPU multi-process tests (started by launch.run_ranks).
+
+    python mp_worker.py MODE IMPL EXCHANGE
+
+Every rank builds the same global data from one seed and keeps its shard."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+
+import nvshmem_topk as nt
+from cases import families
+from nvshmem_topk import reference
+from oracle import assert_exact, oracle_topk
+
+
+def merge_rows(ws, logits, ends, topk, interleave, block_size=16, stride_rows=64):
+    rows, width = logits.shape
+    blocks = -(-width // block_size)
+    gen = torch.Generator().manual_seed(1)  # the same table on every rank
+    table = torch.randperm(rows * blocks + 7, generator=gen)[: rows * blocks].view(rows, blocks).int()
+    table = table[:, : max(1, blocks - 1)].contiguous()
+    req_id = torch.arange(rows - 1, -1, -1, dtype=torch.int32)
+    ids = torch.full((rows, topk), -7, dtype=torch.int32)
+    rows_out = torch.full((rows, topk), -7, dtype=torch.int32)
+    valid = torch.full((rows,), -7, dtype=torch.int32)
+    nt.dcp_topk_merge_rows(logits=logits, row_ends=ends, workspace=ws, req_id=req_id, block_table=table,
+                           block_size=block_size, stride_rows=stride_rows, rows_out=rows_out,
+                           valid_out=valid, ids_out=ids)
+    want_rows, want_valid = reference.owned_rows(ids, rank=ws.rank, world_size=ws.world_size,
+                                                 interleave=interleave, req_id=req_id, block_table=table,
+                                                 block_size=block_size, stride_rows=stride_rows)
+    assert torch.equal(rows_out, want_rows) and torch.equal(valid, want_valid), "rows differ"
+    return ids
+
+
+def families_mode(group, impl, exchange):
+    world, rank = group.world_size, group.rank
+    checked = 0
+    for name, logits, ends, k, n, inter in families(world, seed=11, rows=3, width=200, topk=64):
+        ws = nt.init_dcp_topk_merge(group, max_rows=4, topk=k, local_topk=n, max_local_len=200,
+                                    interleave=inter, impl=impl, exchange=exchange, timeout_s=30)
+        want = oracle_topk(logits, ends, k, inter)
+        for _ in range(2):  # two merges: epochs advance, parities alternate
+            ids = merge_rows(ws, logits[rank], ends[rank], k, inter)
+            gathered = [torch.empty_like(ids) for _ in range(world)]
+            torch.distributed.all_gather(gathered, ids)
+            assert_exact(torch.stack(gathered), want)
+            checked += 1
+        ws.destroy()
+    print(f"rank {rank} ok {checked}", flush=True)
+
+
+def fault_mode(group, impl, exchange, fault):
+    """Rank 1 misbehaves on the second merge; every other rank must raise."""
+    rank = group.rank
+    logits = torch.randn(2, 300, generator=torch.Generator().manual_seed(rank)).bfloat16()
+    ends = torch.full((2,), 300, dtype=torch.int32)
+    ws = nt.init_dcp_topk_merge(group, max_rows=2, topk=32, max_local_len=300, impl=impl,
+                                exchange=exchange, timeout_s=2.0)
+    ids = torch.empty(2, 32, dtype=torch.int32)
+    nt.dcp_topk_merge(logits, ends, ids, workspace=ws)
+    if rank == 1:
+        if fault == "absent":
+            time.sleep(8)
+            print("rank 1 stayed away", flush=True)
+            return
+        if fault == "killed":  # dies between its pack and its exchange
+            nt.dcp_topk_pack(logits, ends, local_topk=ws.local_topk, max_local_len=300, impl=impl)
+            os._exit(9)
+        if fault == "bad_input":
+            try:
+                nt.dcp_topk_merge(logits, ends.long(), ids, workspace=ws)
+            except TypeError as err:
+                print(f"rank 1 refused: {err}", flush=True)
+            return
+    start = time.monotonic()
+    try:
+        nt.dcp_topk_merge(logits, ends, ids, workspace=ws)
+    except nt.DcpTopkTimeoutError as err:
+        print(f"rank {rank} raised after {time.monotonic() - start:.1f} s: {err}", flush=True)
+        return
+    raise SystemExit(f"rank {rank}: the merge returned although rank 1 {fault}")
+
+
+def main() -> None:
+    mode, impl, exchange = sys.argv[1:4]
+    group = nt.ShmGroup.from_env(timeout_s=60)
+    if mode == "families":
+        families_mode(group, impl, exchange)
+        torch.distributed.destroy_process_group()
+        return
+    fault_mode(group, impl, exchange, mode)
+    # Tearing down a process group with a dead peer can abort inside gloo;
+    # the outcome is already reported.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

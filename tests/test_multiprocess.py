@@ -1,0 +1,83 @@
+"""The real protocol across CPU processes (ShmGroup over gloo): exactness,
+bounded failure, and no shared memory left behind. Every rank runs
+tests/mp_worker.py; launch.run_ranks starts them with torchrun's
+environment and a hard timeout."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from launch import TESTS, run_ranks
+
+INTERPRET = {"TRITON_INTERPRET": "1"}
+BOUND_S = 2.0  # the workers' timeout_s
+
+
+def _library_segments():
+    return [n for n in os.listdir("/dev/shm") if n.startswith("nvshmem_topk-")]
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_segments():
+    before = set(_library_segments())
+    yield
+    assert set(_library_segments()) - before == set(), "a shared-memory segment was left behind"
+
+
+def _run(mode, impl, exchange, world_size, timeout_s=240):
+    results = run_ranks([str(TESTS / "mp_worker.py"), mode, impl, exchange], world_size, timeout_s,
+                        env=INTERPRET)
+    for r in results:
+        assert r.returncode is not None, f"rank {r.rank} hung:\n{r.output}"
+    return results
+
+
+@pytest.mark.parametrize("world_size,impl,exchange", [
+    (2, "triton", "push"), (4, "triton", "push"), (4, "reference", "push"), (3, "reference", "all_gather"),
+])
+def test_every_family_exact_across_processes(world_size, impl, exchange):
+    for r in _run("families", impl, exchange, world_size):
+        assert r.returncode == 0 and f"rank {r.rank} ok 26" in r.output, r.output
+
+
+def _assert_others_raised(results, faulty=1):
+    for r in results:
+        if r.rank == faulty:
+            continue
+        found = re.search(r"rank \d+ raised after ([0-9.]+) s", r.output)
+        assert r.returncode == 0 and found, f"rank {r.rank}:\n{r.output}"
+        assert float(found.group(1)) < 5 * BOUND_S, f"rank {r.rank} took {found.group(1)} s"
+        assert "dead, absent or out of step" in r.output
+
+
+@pytest.mark.parametrize("impl,exchange", [("reference", "push"), ("triton", "push"), ("reference", "all_gather")])
+def test_a_rank_that_never_arrives_makes_the_others_raise(impl, exchange):
+    results = _run("absent", impl, exchange, 2)
+    _assert_others_raised(results)
+    assert "rank 1 stayed away" in results[1].output
+
+
+@pytest.mark.parametrize("impl,world_size", [("triton", 2), ("reference", 3)])
+def test_a_rank_killed_mid_merge_makes_the_others_raise(impl, world_size):
+    results = _run("killed", impl, "push", world_size)
+    assert results[1].returncode == 9
+    _assert_others_raised(results)
+
+
+def test_bad_input_on_one_rank_is_a_clear_error_there_and_a_timeout_elsewhere():
+    results = _run("bad_input", "reference", "push", 3)
+    assert "rank 1 refused: row_ends must be torch.int32, got torch.int64" in results[1].output
+    _assert_others_raised(results)
+
+
+def test_torchrun_demo_on_cpu():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+                          "nvshmem_topk", "demo", "--rows", "2", "--local-len", "4096", "--topk", "512"],
+                         capture_output=True, text=True, timeout=240, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.strip().startswith("2 ")]
+    assert len(rows) == 2 and all(line.endswith("yes") for line in rows), out.stdout
