@@ -66,6 +66,26 @@ def test_k4096_with_saturation_matches_reference(world_size, width):
 
 
 @needs_triton
+@pytest.mark.parametrize("splits", [2, 5])
+def test_pack_split_over_programs_matches_reference(monkeypatch, splits):
+    """Rows split over programs: ties at the threshold straddle chunks."""
+    from nvshmem_topk import reference
+    from nvshmem_topk.kernels import pack
+
+    monkeypatch.setattr(pack, "PACK_BLOCK", 1024)
+    device = "cuda" if not interpreted else "cpu"
+    for name, logits, ends, _, n, _ in families(1, seed=6, rows=2, width=4500, topk=256):
+        if name not in ("all_equal", "boundary_ties", "nan_and_whole_nan_rows", "row_ends_mixed"):
+            continue
+        for limit in (4500, 3000):
+            want = reference.pack(logits[0], ends[0], n, limit)
+            got = torch.full_like(want, 123).to(device)
+            pack.pack(got, logits[0].to(device), ends[0].to(device), local_topk=n, max_local_len=limit,
+                      splits=splits)
+            assert torch.equal(got.cpu(), want), (name, limit)
+
+
+@needs_triton
 def test_pack_indices_kernel_matches_reference():
     import nvshmem_topk as nt
     from nvshmem_topk import reference
