@@ -2,7 +2,7 @@
 simulated merge vs the generic merge, all in one process (CUDA, medians of
 triton.testing.do_bench). Prints a table and writes JSON.
 
-    python scripts/bench_kernels.py --out results.json
+    python scripts/bench_kernels.py --out results.json [--rows 64 --widths 131072]
 
 Bytes (for reading the pack numbers): one pass over bf16 logits reads
 2*T*S bytes; the pack makes three passes over each row's valid prefix."""
@@ -42,7 +42,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench_kernels.json")
     parser.add_argument("--topk", type=int, default=2048)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--widths", type=int, nargs="+", default=[16384, 65536, 131072])
     args = parser.parse_args()
+
+    def save() -> None:  # after every measurement: a run cut short keeps what it measured
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
     dev = torch.device("cuda")
     k = args.topk
     results = {"gpu": torch.cuda.get_device_name(), "topk": k, "pack": [], "select": [], "merge": []}
@@ -51,8 +58,8 @@ def main() -> None:
     n = 384
     print(f"# {results['gpu']}  K={k}  medians of do_bench (us)")
     print(f"{'pack N=384':<14}{'T':>5}{'S':>8}{'pack':>9}{'topk(N)':>9}{'speedup':>9}")
-    for rows in (1, 8, 64, 256):
-        for width in (16384, 65536, 131072):
+    for rows in args.rows:
+        for width in args.widths:
             logits = torch.randn(rows, width, device=dev, generator=gen).bfloat16()
             ends = torch.full((rows,), width, dtype=torch.int32, device=dev)
             out = torch.empty(rows, packed_row_words(n, 1), dtype=torch.int32, device=dev)
@@ -60,13 +67,14 @@ def main() -> None:
                                                     out=out, impl="triton"))
             t_topk = bench(lambda: logits.topk(n, dim=1))
             results["pack"].append(dict(T=rows, S=width, N=n, pack_us=t_pack, torch_topk_us=t_topk))
+            save()
             print(f"{'':<14}{rows:>5}{width:>8}{t_pack:>9.1f}{t_topk:>9.1f}{t_topk / t_pack:>8.1f}x")
 
     print(f"{'merge W=8':<14}{'T':>5}{'S':>8}{'eager':>9}{'graph':>9}{'generic':>9}{'vs graph':>9}{'select':>9}")
     world = 8
     n = default_local_topk(k, world)
-    for rows in (1, 8, 64, 256):
-        for width in (16384, 65536, 131072):
+    for rows in args.rows:
+        for width in args.widths:
             logits = torch.randn(world, rows, width, device=dev, generator=gen).bfloat16()
             ends = torch.full((world, rows), width, dtype=torch.int32, device=dev)
             group = nt.SimulatedGroup(world, dev)
@@ -93,11 +101,10 @@ def main() -> None:
             results["merge"].append(dict(W=world, T=rows, S=width, N=n, merge_eager_us=t_merge,
                                          merge_graph_us=t_graph, generic_us=t_generic,
                                          select_us=t_select, exact=exact))
+            save()
             print(f"{'':<14}{rows:>5}{width:>8}{t_merge:>9.1f}{t_graph:>9.1f}{t_generic:>9.1f}"
                   f"{t_generic / t_graph:>8.1f}x{t_select:>9.1f}  exact={exact}")
             group.destroy()
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
