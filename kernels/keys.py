@@ -45,17 +45,26 @@ def decode_keys(row_ptr, slot, owner, present_mask, NUM: tl.constexpr, PLANES: t
 
 @triton.jit
 def kth_largest(keys, k, KEY_BITS: tl.constexpr):
-    """The k-th largest of the unique non-negative int64 ``keys`` (any
-    shape; 0 = empty), or 0 when fewer than k are non-zero: a bitwise
-    search for the largest v with #(keys >= v) >= k."""
+    """The k-th largest of the unique non-negative int64 ``keys`` (a 2-D
+    tensor; 0 = empty), or 0 when fewer than k are non-zero: a radix select
+    over 8-bit digits, top digit first, one 256-bin histogram per digit."""
+    top: tl.constexpr = (KEY_BITS + 7) // 8 * 8
+    flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
+    present = flat != 0
+    bins = tl.arange(0, 256)
     prefix = tl.zeros((), dtype=tl.int64)
-    # A run-time loop: unrolled, a large candidate tile made LLVM take minutes.
-    for b in range(KEY_BITS):
-        trial = prefix | (tl.full((), 1, tl.int64) << (KEY_BITS - 1 - b))
-        count = tl.sum(tl.sum(((keys >= trial) & (keys != 0)).to(tl.int32), axis=1), axis=0)
-        prefix = tl.where(count >= k, trial, prefix)
-    total = tl.sum(tl.sum((keys != 0).to(tl.int32), axis=1), axis=0)
-    return tl.where(total >= k, prefix, 0)
+    need = k
+    for d in range(top // 8):
+        shift = top - 8 - 8 * d
+        match = present & ((flat >> (shift + 8)) == (prefix >> (shift + 8)))
+        digit = ((flat >> shift) & 0xFF).to(tl.int32)
+        hist = tl.histogram(tl.where(match, digit, 0), 256)
+        hist -= tl.where(bins == 0, tl.sum((~match).to(tl.int32), axis=0), 0)
+        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+        chosen = tl.max(tl.where(at_or_above >= need, bins, 0), axis=0)
+        need -= tl.sum(tl.where(bins > chosen, hist, 0), axis=0)
+        prefix |= chosen.to(tl.int64) << shift
+    return tl.where(tl.sum(present.to(tl.int32), axis=0) >= k, prefix, 0)
 
 
 @triton.jit
