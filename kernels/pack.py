@@ -157,14 +157,25 @@ def pack_kernel(out_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit,
 
 
 @triton.jit
+def _split_chunk(row_ends_ptr, width_limit, chunk):
+    """(row, chunk index, lo, hi): this program's part [lo, hi) of its row."""
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    lo = split * chunk
+    return row, split, lo, tl.minimum(lo + chunk, _row_end(row_ends_ptr, row, width_limit))
+
+
+@triton.jit
+def _scratch_threshold(scratch, N: tl.constexpr):
+    bins = tl.arange(0, 256)
+    return _threshold(tl.load(scratch + bins), tl.load(scratch + 256 + bins), N)
+
+
+@triton.jit
 def split_histogram_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit,
                            chunk, scratch_stride, N: tl.constexpr, PLANES: tl.constexpr,
                            SELECT_LOW: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    end = _row_end(row_ends_ptr, row, width_limit)
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, end)
+    row, split, lo, hi = _split_chunk(row_ends_ptr, width_limit, chunk)
     hists = scratch_ptr + row * scratch_stride + tl.arange(0, 256)
     in_row = logits_ptr + row * logits_stride
     if SELECT_LOW:
@@ -179,14 +190,10 @@ def split_histogram_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logit
 @triton.jit
 def split_count_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, chunk,
                        scratch_stride, N: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    end = _row_end(row_ends_ptr, row, width_limit)
-    lo = split * chunk
+    row, split, lo, hi = _split_chunk(row_ends_ptr, width_limit, chunk)
     scratch = scratch_ptr + row * scratch_stride
-    bins = tl.arange(0, 256)
-    threshold, _ = _threshold(tl.load(scratch + bins), tl.load(scratch + 256 + bins), N)
-    above, ties = _count(logits_ptr + row * logits_stride, lo, tl.minimum(lo + chunk, end), threshold, BLOCK)
+    threshold, _ = _scratch_threshold(scratch, N)
+    above, ties = _count(logits_ptr + row * logits_stride, lo, hi, threshold, BLOCK)
     tl.store(scratch + 512 + 2 * split, above)
     tl.store(scratch + 513 + 2 * split, ties)
 
@@ -195,21 +202,17 @@ def split_count_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, wid
 def split_compact_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit,
                          chunk, scratch_stride, N: tl.constexpr, PLANES: tl.constexpr,
                          SPLITS_P2: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    end = _row_end(row_ends_ptr, row, width_limit)
-    lo = split * chunk
+    row, split, lo, hi = _split_chunk(row_ends_ptr, width_limit, chunk)
     scratch = scratch_ptr + row * scratch_stride
-    bins = tl.arange(0, 256)
-    threshold, ties_taken = _threshold(tl.load(scratch + bins), tl.load(scratch + 256 + bins), N)
+    threshold, ties_taken = _scratch_threshold(scratch, N)
     earlier = tl.arange(0, SPLITS_P2)
     before = earlier < split
     above = tl.load(scratch + 512 + 2 * earlier, mask=before, other=0)
     ties = tl.load(scratch + 513 + 2 * earlier, mask=before, other=0)
     tie_start = tl.cumsum(ties, axis=0) - ties
     taken = tl.minimum(tl.maximum(ties_taken - tie_start, 0), ties)
-    _compact(logits_ptr + row * logits_stride, lo, tl.minimum(lo + chunk, end),
-             out_ptr + row * (N + PLANES * (N // 32)), threshold, ties_taken,
+    out_row = out_ptr + row * (N + PLANES * (N // 32))
+    _compact(logits_ptr + row * logits_stride, lo, hi, out_row, threshold, ties_taken,
              tl.sum(above + taken, axis=0), tl.sum(ties, axis=0), N, PLANES, BLOCK)
 
 

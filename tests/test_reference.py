@@ -16,6 +16,15 @@ def _bf16(values):
     return torch.tensor(values, dtype=torch.float32).bfloat16()
 
 
+def _round1(logits, ends, topk, local_topk):
+    """Every rank's pack of ``logits`` [W, T, S], gathered, then the select."""
+    world, _, width = logits.shape
+    gathered = torch.stack([reference.pack(logits[r], ends[r], local_topk, width) for r in range(world)])
+    selected, sat = reference.select(gathered, topk=topk, local_topk=local_topk, world_size=world,
+                                     interleave=1, max_local_len=width)
+    return gathered, selected, sat
+
+
 # ------------------------------------------------------------- stages
 
 
@@ -71,9 +80,7 @@ def test_select_and_saturation_by_hand():
     logits = torch.zeros(world, 1, 64).bfloat16()
     logits[0, 0, :40] = 5.0
     ends = torch.full((world, 1), 64, dtype=torch.int32)
-    gathered = torch.stack([reference.pack(logits[r], ends[r], n, 64) for r in range(world)])
-    selected, sat = reference.select(gathered, topk=k, local_topk=n, world_size=world, interleave=1,
-                                     max_local_len=64)
+    gathered, selected, sat = _round1(logits, ends, k, n)
     bits = fmt.global_id_bits(world, 1, 64)
     ids = fmt.key_to_global_id(selected, bits)
     assert sorted(ids[0].tolist()) == [2 * l for l in range(32)]
@@ -85,9 +92,7 @@ def test_fewer_candidates_than_k_sets_kappa_zero_and_saturates_full_ranks():
     world, n, k = 2, 32, 128
     logits = torch.randn(world, 1, 100).bfloat16()
     ends = torch.tensor([[100], [10]], dtype=torch.int32)
-    gathered = torch.stack([reference.pack(logits[r], ends[r], n, 100) for r in range(world)])
-    selected, sat = reference.select(gathered, topk=k, local_topk=n, world_size=world, interleave=1,
-                                     max_local_len=100)
+    gathered, selected, sat = _round1(logits, ends, k, n)
     assert (selected[0] != 0).sum().item() == 42
     assert fmt.sat_kappa(sat).item() == 0 and fmt.sat_mask(sat).item() == 0b01
 
@@ -102,9 +107,7 @@ def test_rescue_by_hand_recovers_the_unsent_tokens():
     logits = torch.zeros(world, 1, 128).bfloat16()
     logits[0, 0, :100] = 3.0
     ends = torch.full((world, 1), 128, dtype=torch.int32)
-    gathered = torch.stack([reference.pack(logits[r], ends[r], n, 128) for r in range(world)])
-    selected, sat = reference.select(gathered, topk=k, local_topk=n, world_size=world, interleave=1,
-                                     max_local_len=128)
+    gathered, selected, sat = _round1(logits, ends, k, n)
     assert fmt.sat_mask(sat).item() == 0b001
     received = torch.zeros(1, 2, fmt.packed_row_words(k, 0), dtype=torch.int32)
     received[:, 0] = reference.pack(logits[0], ends[0], k, 128)
@@ -154,9 +157,7 @@ def test_boundary_ties_saturate_a_rank_that_the_strict_rule_would_miss():
     logits = torch.ones(world, 1, 512).bfloat16()
     logits[1, 0, :100] = 0.0  # rank 1's ties start at global id 201
     ends = torch.full((world, 1), 512, dtype=torch.int32)
-    gathered = torch.stack([reference.pack(logits[r], ends[r], n, 512) for r in range(world)])
-    _, sat = reference.select(gathered, topk=k, local_topk=n, world_size=world, interleave=1,
-                              max_local_len=512)
+    gathered, _, sat = _round1(logits, ends, k, n)
     kappa_ord = fmt.sat_kappa(sat) >> fmt.global_id_bits(world, 1, 512)
     lowest_sent_ord = (gathered[0, 0, :n].long() & 0xFFFFFFFF) >> 16
     assert (lowest_sent_ord == kappa_ord).all()  # the strict ">" rule marks nobody
