@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from . import format as fmt
+from . import reference
 from .workspace import DcpTopkWorkspace
 
 
@@ -76,14 +77,10 @@ class ReferenceBackend:
 
     @staticmethod
     def pack(logits, row_ends, out, *, local_topk, max_local_len):
-        from . import reference
-
         out.copy_(reference.pack(logits, row_ends, local_topk, max_local_len))
 
     @staticmethod
     def pack_indices(logits, local_idx, row_ends, out, *, max_local_len):
-        from . import reference
-
         out.copy_(reference.pack_indices(logits, local_idx, row_ends, max_local_len))
 
     @staticmethod
@@ -98,8 +95,6 @@ class ReferenceBackend:
 
     @staticmethod
     def select(ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
-        from . import reference
-
         epochs = ws.epochs[:rows] + 1
         need = torch.ones((ws.world_size, rows), dtype=torch.bool, device=ws.device)
         missing = reference.wait_flags(ws.flags.local[0, :, :rows], need, epochs, ws.timeout_s)
@@ -123,8 +118,6 @@ class ReferenceBackend:
 
     @staticmethod
     def rescue(ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
-        from . import reference
-
         epochs = ws.epochs[:rows] + 1
         sat = ws.sat[:rows]
         mask = fmt.sat_mask(sat)
@@ -146,8 +139,6 @@ class ReferenceBackend:
 
 
 def _emit(ws: DcpTopkWorkspace, selected: torch.Tensor, rows: torch.Tensor, out: Outputs) -> None:
-    from . import reference
-
     ids = reference.ids_from_keys(selected, ws.gid_bits, out.sorted)
     if out.ids is not None:
         out.ids[rows] = ids

@@ -83,7 +83,7 @@ def _check_rows(rows: RowsOutput, num_rows: int, topk: int, device) -> None:
         raise ValueError(f"valid_out must be [{num_rows}], got {tuple(rows.valid_out.shape)}")
 
 
-def _check_workspace(workspace, rows: int) -> DcpTopkWorkspace:
+def _check_workspace(workspace, rows: int = 0) -> DcpTopkWorkspace:
     if workspace is None:
         raise RuntimeError(
             "the DCP top-k merge needs its workspace: build one with "
@@ -251,12 +251,11 @@ def _exchange(ws: DcpTopkWorkspace, impl, packed: torch.Tensor) -> None:
     ws.flags.local[0, :, :rows] = epochs
 
 
-def _run_merge(workspaces, logits, row_ends, outputs, packed=None) -> None:
-    """pack -> exchange -> select -> rescue, each stage for every rank given
-    before the next stage starts (one rank on a real group; all virtual
-    ranks on a simulated one)."""
+def _run_merge(workspaces, logits, row_ends, outputs, rows: int, packed=None) -> None:
+    """pack -> exchange -> select -> rescue of ``rows`` rows, each stage for
+    every rank given before the next stage starts (one rank on a real group;
+    all virtual ranks on a simulated one)."""
     impls = [backend(ws.impl) for ws in workspaces]
-    rows = outputs[0].ids.shape[0] if outputs[0].ids is not None else outputs[0].rows.valid_out.shape[0]
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):
         mine = packed[r] if packed is not None else None
         if mine is None:
@@ -290,11 +289,12 @@ def dcp_topk_merge(
     ``row_ends`` [T] int32 over the DCP group into ``topk_indices`` [T, K]
     int32 (global ids, -1 padded; ``sorted`` gives descending score, then
     ascending id). Collective: every rank calls every merge, in stream order."""
-    ws = _check_workspace(workspace, logits.shape[0] if isinstance(logits, torch.Tensor) else 0)
+    ws = _check_workspace(workspace)
     rows = _check_logits(logits, row_ends, None, ws.device)
+    _check_workspace(ws, rows)
     _single_rank(ws)
     out = _outputs(ws, rows, topk_indices, None, sorted)
-    _run_merge([ws], [logits], [row_ends], [out])
+    _run_merge([ws], [logits], [row_ends], [out], rows)
 
 
 def dcp_topk_merge_rows(
@@ -308,15 +308,16 @@ def dcp_topk_merge_rows(
     ``packed`` [T, words] int32 replaces the pack with a caller's round-1
     rows (``dcp_topk_pack_indices``); logits and row_ends are still needed
     (a saturated rank re-reads its row)."""
-    ws = _check_workspace(workspace, logits.shape[0] if isinstance(logits, torch.Tensor) else 0)
+    ws = _check_workspace(workspace)
     rows = _check_logits(logits, row_ends, None, ws.device)
+    _check_workspace(ws, rows)
     _single_rank(ws)
     spec = RowsOutput(req_id, block_table, block_size, stride_rows, rows_out, valid_out)
     out = _outputs(ws, rows, ids_out, spec, sorted)
     if packed is not None:
         _check_out("packed", packed, (rows, ws.row_words), ws.device)
         packed = [packed]
-    _run_merge([ws], [logits], [row_ends], [out], packed)
+    _run_merge([ws], [logits], [row_ends], [out], rows, packed)
 
 
 def simulate_dcp_topk_merge(
@@ -348,7 +349,7 @@ def simulate_dcp_topk_merge(
             for g in group.ranks
         ]
         outputs = [Outputs(out[r], None, bool(sorted)) for r in range(world_size)]
-        _run_merge(workspaces, list(logits), list(row_ends), outputs)
+        _run_merge(workspaces, list(logits), list(row_ends), outputs, rows)
     finally:
         group.destroy()
     return out

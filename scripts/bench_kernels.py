@@ -82,7 +82,7 @@ def main() -> None:
                                           impl="triton") for g in group.ranks]
             ids = torch.empty(world, rows, k, dtype=torch.int32, device=dev)
             outs = [_backends.Outputs(ids[r], None, False) for r in range(world)]
-            run = lambda: api._run_merge(wss, list(logits), list(ends), outs)  # noqa: E731
+            run = lambda: api._run_merge(wss, list(logits), list(ends), outs, rows)  # noqa: E731
             t_merge = bench(run)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
