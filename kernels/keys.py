@@ -44,27 +44,45 @@ def decode_keys(row_ptr, slot, owner, present_mask, NUM: tl.constexpr, PLANES: t
 
 
 @triton.jit
+def radix_digit_histogram(flat, prefix, shift):
+    """Histogram of the 8-bit digit at ``shift`` of the non-zero keys of
+    ``flat`` (1-D) whose higher digits equal those of ``prefix``."""
+    match = (flat != 0) & ((flat >> (shift + 8)) == (prefix >> (shift + 8)))
+    hist = tl.histogram(tl.where(match, ((flat >> shift) & 0xFF).to(tl.int32), 0), 256)
+    return hist - tl.where(tl.arange(0, 256) == 0, tl.sum((~match).to(tl.int32), axis=0), 0)
+
+
+@triton.jit
+def radix_choose(hist, need):
+    """The digit of the ``need``-th largest key, and ``need`` within it."""
+    bins = tl.arange(0, 256)
+    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+    chosen = tl.max(tl.where(at_or_above >= need, bins, 0), axis=0)
+    return chosen, need - tl.sum(tl.where(bins > chosen, hist, 0), axis=0)
+
+
+@triton.jit
 def kth_largest(keys, k, KEY_BITS: tl.constexpr):
     """The k-th largest of the unique non-negative int64 ``keys`` (a 2-D
     tensor; 0 = empty), or 0 when fewer than k are non-zero: a radix select
     over 8-bit digits, top digit first, one 256-bin histogram per digit."""
     top: tl.constexpr = (KEY_BITS + 7) // 8 * 8
     flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
-    present = flat != 0
-    bins = tl.arange(0, 256)
     prefix = tl.zeros((), dtype=tl.int64)
-    need = k
+    need = tl.full((), k, tl.int32)  # loop-carried: one type throughout
     for d in range(top // 8):
         shift = top - 8 - 8 * d
-        match = present & ((flat >> (shift + 8)) == (prefix >> (shift + 8)))
-        digit = ((flat >> shift) & 0xFF).to(tl.int32)
-        hist = tl.histogram(tl.where(match, digit, 0), 256)
-        hist -= tl.where(bins == 0, tl.sum((~match).to(tl.int32), axis=0), 0)
-        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-        chosen = tl.max(tl.where(at_or_above >= need, bins, 0), axis=0)
-        need -= tl.sum(tl.where(bins > chosen, hist, 0), axis=0)
+        chosen, need = radix_choose(radix_digit_histogram(flat, prefix, shift), need)
         prefix |= chosen.to(tl.int64) << shift
-    return tl.where(tl.sum(present.to(tl.int32), axis=0) >= k, prefix, 0)
+    return tl.where(tl.sum((flat != 0).to(tl.int32), axis=0) >= k, prefix, 0)
+
+
+@triton.jit
+def fill_tail(row_ptr, count, TOPK: tl.constexpr):
+    """-1 into slots [count, TOPK) of a row (TOPK need not be a power of 2)."""
+    for start in tl.static_range(0, TOPK, 1024):
+        offs = start + tl.arange(0, 1024)
+        tl.store(row_ptr + offs, tl.full((1024,), -1, tl.int32), mask=(offs >= count) & (offs < TOPK))
 
 
 @triton.jit
@@ -95,11 +113,10 @@ def emit_selected(keys, kappa, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table
     slot = flat_positions(chosen_i)
     count = tl.sum(tl.sum(chosen_i, axis=1), axis=0)
     gid = (1 << GID_BITS) - 1 - (keys & ((1 << GID_BITS) - 1))
-    tail = tl.arange(0, TOPK)
     if EMIT_IDS:
         ids_row = ids_ptr + row * TOPK
         tl.store(ids_row + slot, gid.to(tl.int32), mask=chosen)
-        tl.store(ids_row + tail, tl.full((TOPK,), -1, tl.int32), mask=tail >= count)
+        fill_tail(ids_row, count, TOPK)
     if EMIT_ROWS:
         owner = (gid // INTERLEAVE) % WORLD
         local = (gid // (INTERLEAVE * WORLD)) * INTERLEAVE + gid % INTERLEAVE
@@ -112,5 +129,5 @@ def emit_selected(keys, kappa, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table
         out_row = rows_ptr + row * rows_stride
         tl.store(out_row + flat_positions(keep_i), (entry * stride_rows + local % block_size).to(tl.int32),
                  mask=keep)
-        tl.store(out_row + tail, tl.full((TOPK,), -1, tl.int32), mask=tail >= owned)
+        fill_tail(out_row, owned, TOPK)
         tl.store(valid_ptr + row, owned)

@@ -135,7 +135,8 @@ def pack_row(in_row, end, out_row, N: tl.constexpr, PLANES: tl.constexpr, BLOCK:
     high_bucket, _ = _boundary(high, N)
     low = _byte_histogram(in_row, 0, end, high_bucket, True, BLOCK)
     threshold, ties_taken = _threshold(high, low, N)
-    _compact(in_row, 0, end, out_row, threshold, ties_taken, 0, 0, N, PLANES, BLOCK)
+    zero = tl.zeros((), dtype=tl.int32)
+    _compact(in_row, 0, end, out_row, threshold, ties_taken, zero, zero, N, PLANES, BLOCK)
 
 
 @triton.jit

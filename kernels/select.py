@@ -10,10 +10,12 @@ U {pushed lists}. Both emit through ``keys.emit_selected``, so equal
 candidate sets give bit-identical outputs. Bit-identical to
 ``reference.select`` / ``reference.rescue`` and the reference protocol."""
 
+import torch
 import triton
 import triton.language as tl
 
-from .keys import SAT_KAPPA_MASK, SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest
+from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest,
+                   radix_choose, radix_digit_histogram)
 from .pack import pack_row
 from .sync import record_timeout, release_flag, wait_flag_at_least
 
@@ -83,17 +85,41 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
 
 
 @triton.jit
-def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
+def _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows,
+                 TILE: tl.constexpr, TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
+                 SLOTS: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr,
+                 GID_BITS: tl.constexpr):
+    """Candidates [start, start + TILE) of rank q in the rescue: its pushed
+    list when it was saturated, else its round-1 words >= kappa."""
+    slot = start + tl.arange(0, TILE)
+    saturated = ((mask >> q) & 1) != 0
+    words: tl.constexpr = N + PLANES * (N // 32)
+    seen_row = gather_ptr + (((epoch & 1) * WORLD + q) * max_rows + row) * words
+    seen = decode_keys(seen_row, slot, q, (slot < N) & ~saturated, N, PLANES, WORLD, INTERLEAVE, GID_BITS)
+    below = mask & ((1 << q) - 1)
+    rank_slot = tl.zeros((), dtype=tl.int64)
+    for b in tl.static_range(WORLD):
+        rank_slot += (below >> b) & 1
+    pushed_row = recv_ptr + (row * SLOTS + rank_slot) * (TOPK + PLANES * (TOPK // 32))
+    pushed = decode_keys(pushed_row, slot, q, (slot < TOPK) & saturated, TOPK, PLANES, WORLD, INTERLEAVE,
+                         GID_BITS)
+    return tl.where(saturated, pushed, tl.where(seen >= kappa, seen, 0))
+
+
+@triton.jit
+def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_ptr,
                   gather_ptr, flags_ptr, epochs_ptr, recv_ptr,
                   req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows,
                   rows_stride, max_rows, rank, max_spins,
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
-                  WORLD: tl.constexpr, WORLD_P2: tl.constexpr, M_P2: tl.constexpr,
+                  WORLD: tl.constexpr, TOPK_P2: tl.constexpr, TILE: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
                   EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr):
+    """The candidates (up to W * max(N, K)) are streamed rank by rank in
+    tiles, never held at once: a radix select summed over the tiles finds
+    the K-th key, the selected keys are compacted into ``selected_ptr``
+    ([T, K] int64 scratch) in candidate order, and one emit writes them."""
     row = tl.program_id(0).to(tl.int64)
-    words: tl.constexpr = N + PLANES * (N // 32)
-    push_words: tl.constexpr = TOPK + PLANES * (TOPK // 32)
     epoch = tl.load(epochs_ptr + row) + 1
     sat = tl.load(sat_ptr + row)
     mask = sat >> SAT_MASK_SHIFT
@@ -102,25 +128,39 @@ def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
         ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD)
         if ok:
             kappa = sat & SAT_KAPPA_MASK
-            sender = tl.arange(0, WORLD_P2)
-            owner = sender[:, None]
-            slot = tl.arange(0, M_P2)[None, :]
-            is_sat = ((mask >> owner) & 1) != 0
-            base = gather_ptr + (((epoch & 1) * WORLD + owner) * max_rows + row) * words
-            seen = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N) & ~is_sat, N, PLANES,
-                               WORLD, INTERLEAVE, GID_BITS)
-            below = mask & ((tl.full((WORLD_P2, 1), 1, tl.int64) << owner) - 1)
-            rank_slot = tl.zeros((WORLD_P2, 1), dtype=tl.int64)
-            for b in tl.static_range(WORLD):
-                rank_slot += (below >> b) & 1
-            pushed_row = recv_ptr + (row * SLOTS + rank_slot) * push_words
-            pushed = decode_keys(pushed_row, slot, owner, (owner < WORLD) & (slot < TOPK) & is_sat,
-                                 TOPK, PLANES, WORLD, INTERLEAVE, GID_BITS)
-            keys = tl.where(is_sat, pushed, tl.where(seen >= kappa, seen, 0))
-            emit_selected(keys, kth_largest(keys, TOPK, 16 + GID_BITS), row, ids_ptr, rows_ptr,
-                          valid_ptr, req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size,
-                          stride_rows, rows_stride, rank, TOPK, WORLD, INTERLEAVE, GID_BITS,
-                          EMIT_IDS, EMIT_ROWS, SORTED)
+            segment: tl.constexpr = max(N, TOPK)
+            top: tl.constexpr = (16 + GID_BITS + 7) // 8 * 8
+            prefix = tl.zeros((), dtype=tl.int64)
+            need = tl.full((), TOPK, tl.int32)  # loop-carried values keep one type
+            total = tl.zeros((), dtype=tl.int32)
+            for d in range(top // 8):
+                shift = top - 8 - 8 * d
+                hist = tl.zeros((256,), dtype=tl.int32)
+                for q in range(WORLD):
+                    for start in range(0, segment, TILE):
+                        tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows,
+                                            TILE, TOPK, N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
+                        hist += radix_digit_histogram(tile, prefix, shift)
+                if d == 0:
+                    total = tl.sum(hist, axis=0)
+                chosen, need = radix_choose(hist, need)
+                prefix |= chosen.to(tl.int64) << shift
+            kth = tl.where(total >= TOPK, prefix, 0)
+            selected_row = selected_ptr + row * TOPK
+            count = tl.zeros((), dtype=tl.int32)
+            for q in range(WORLD):
+                for start in range(0, segment, TILE):
+                    tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows,
+                                        TILE, TOPK, N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
+                    take = ((tile >= kth) & (tile != 0)).to(tl.int32)
+                    tl.store(selected_row + count + tl.cumsum(take, axis=0) - take, tile, mask=take != 0)
+                    count += tl.sum(take, axis=0)
+            tl.debug_barrier()
+            slot = tl.arange(0, TOPK_P2)
+            keys = tl.load(selected_row + slot, mask=slot < count, other=0)
+            emit_selected(keys[None, :], 1, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr,
+                          table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank,
+                          TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
     if ok:
         tl.store(epochs_ptr + row, epoch)
 
@@ -155,14 +195,17 @@ def select(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, r
         EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, BLOCK=1024, num_warps=8)
 
 
+RESCUE_TILE = 1024
+
+
 def rescue(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, recv, max_rows, rank,
            world_size, topk, local_topk, planes, slots, interleave, gid_bits, max_spins) -> None:
     if num_rows == 0:
         return
     out = _out_args(ids, rows, epochs)
+    selected = torch.empty((num_rows, topk), dtype=torch.int64, device=sat.device)
     rescue_kernel[(num_rows,)](
-        out[0], out[1], out[2], sat, status, gather, flags, epochs, recv, *out[3:], max_rows, rank,
+        out[0], out[1], out[2], sat, status, selected, gather, flags, epochs, recv, *out[3:], max_rows, rank,
         max_spins, TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(slots, 1), WORLD=world_size,
-        WORLD_P2=_p2(world_size), M_P2=_p2(max(local_topk, topk)), INTERLEAVE=interleave,
-        GID_BITS=gid_bits, EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted,
-        num_warps=8)
+        TOPK_P2=_p2(topk), TILE=RESCUE_TILE, INTERLEAVE=interleave, GID_BITS=gid_bits,
+        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, num_warps=8)

@@ -38,6 +38,18 @@ def test_kernels_match_reference_stage_by_stage(world_size):
 
 
 @needs_triton
+@pytest.mark.parametrize("topk,local_topk", [(96, 32), (160, 64)])
+def test_topk_not_a_power_of_two(topk, local_topk):
+    device = "cuda" if not interpreted else "cpu"
+    for name, logits, ends, _, _, inter in families(3, seed=8, rows=2, width=300, topk=topk):
+        if name not in ("random", "saturated_max", "all_equal", "fewer_valid_than_k"):
+            continue
+        got = _same_at_every_stage(logits.to(device), ends.to(device), topk=topk, local_topk=local_topk,
+                                   interleave=inter)
+        assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, topk, inter)), name
+
+
+@needs_triton
 def test_sorted_output_and_planes_match_reference():
     gen = torch.Generator().manual_seed(5)
     width = (1 << 16) + 64
