@@ -1,0 +1,102 @@
+"""Compile every kernel family for Hopper (sm_90) on any machine, GPU or not,
+with the ptxas that ships in Triton's wheel, and print compile time and
+resource use (registers, stack, local memory) from the cubin.
+
+    python scripts/compile_sm90.py
+
+The interpreter does not catch compiler-only errors (module globals that are
+not constexpr, loop-carried values that change type) or compile-time
+blow-ups; this does, before any device time is spent."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+import time
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from nvshmem_topk.kernels import exchange, pack, select
+
+HOPPER = GPUTarget("cuda", 90, 32)
+P32, P64, I32 = "*i32", "*i64", "i32"
+_OUTPUTS = {"ids_ptr": P32, "rows_ptr": P32, "valid_ptr": P32, "sat_ptr": P64, "status_ptr": P32}
+_ROWS = {"req_ptr": P32, "table_ptr": P32, "table_stride": I32, "num_reqs": I32, "num_blocks": I32,
+         "block_size": I32, "stride_rows": I32, "rows_stride": I32}
+_SPLIT = {"out_ptr": P32, "scratch_ptr": P32, "logits_ptr": "*bf16", "row_ends_ptr": P32,
+          "logits_stride": I32, "width_limit": I32, "chunk": I32, "scratch_stride": I32}
+
+
+def _p2(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+def variants(world_size: int, topk: int, local_topk: int, planes: int = 1, gid_bits: int = 21):
+    """(kernel, signature, constexprs, num_warps) of one configuration, as
+    the launchers build them."""
+    def sig(kernel, **types):
+        return {name: types.get(name, "constexpr") for name in kernel.arg_names}
+
+    outs = dict(EMIT_IDS=True, EMIT_ROWS=True, SORTED=False, INTERLEAVE=1, GID_BITS=gid_bits)
+    yield (pack.pack_kernel, sig(pack.pack_kernel, out_ptr=P32, logits_ptr="*bf16", row_ends_ptr=P32,
+                                 logits_stride=I32, width_limit=I32),
+           dict(N=local_topk, PLANES=planes, BLOCK=pack.PACK_BLOCK), 16)
+    for select_low in (False, True):
+        yield (pack.split_histogram_kernel, sig(pack.split_histogram_kernel, **_SPLIT),
+               dict(N=local_topk, PLANES=planes, SELECT_LOW=select_low, BLOCK=pack.PACK_BLOCK), 16)
+    yield (pack.split_count_kernel, sig(pack.split_count_kernel, **_SPLIT),
+           dict(N=local_topk, BLOCK=pack.PACK_BLOCK), 16)
+    yield (pack.split_compact_kernel, sig(pack.split_compact_kernel, **_SPLIT),
+           dict(N=local_topk, PLANES=planes, SPLITS_P2=64, BLOCK=pack.PACK_BLOCK), 16)
+    words = local_topk + planes * (local_topk // 32)
+    yield (exchange.push_rows_kernel, sig(exchange.push_rows_kernel, packed_ptr=P32, epochs_ptr=P32,
+                                          gather_ptrs=P64, flag_ptrs=P64, max_rows=I32, rank=I32),
+           dict(WORDS=words, WORLD=world_size, BLOCK=512), 4)
+    common = dict(TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(topk // local_topk, 1), WORLD=world_size)
+    yield (select.select_kernel,
+           sig(select.select_kernel, **_OUTPUTS, **_ROWS, gather_ptr=P32, flags_ptr=P32, epochs_ptr=P32,
+               recv_ptrs=P64, flag_ptrs=P64, logits_ptr="*bf16", row_ends_ptr=P32, logits_stride=I32,
+               width_limit=I32, max_rows=I32, rank=I32, max_spins=I32),
+           dict(common, WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), BLOCK=1024, **outs), 8)
+    yield (select.rescue_kernel,
+           sig(select.rescue_kernel, **_OUTPUTS, **_ROWS, selected_ptr=P64, gather_ptr=P32, flags_ptr=P32,
+               epochs_ptr=P32, recv_ptr=P32, max_rows=I32, rank=I32, max_spins=I32),
+           dict(common, TOPK_P2=_p2(topk), TILE=select.RESCUE_TILE, **outs), 8)
+
+
+def compile_one(kernel, signature, constexprs, num_warps) -> dict:
+    start = time.perf_counter()
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                              target=HOPPER, options={"num_warps": num_warps})
+    seconds = time.perf_counter() - start
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", cubin.name], capture_output=True,
+                               text=True, check=True).stdout
+    reg, stack, local = (int(v) for v in re.search(r"REG:(\d+) STACK:(\d+) .*LOCAL:(\d+)", usage).groups())
+    return dict(kernel=kernel.__name__, seconds=seconds, registers=reg, stack=stack, local=local)
+
+
+CONFIGS = ((8, 2048, 384), (16, 4096, 384), (1, 2048, 3072), (3, 96, 32))
+
+
+def main() -> list[dict]:
+    rows = []
+    print(f"{'kernel':<24}{'W':>3}{'K':>6}{'N':>6}{'compile s':>11}{'regs':>6}{'stack':>7}{'local':>7}")
+    for world_size, topk, local_topk in CONFIGS:
+        for variant in variants(world_size, topk, local_topk):
+            row = dict(compile_one(*variant), W=world_size, K=topk, N=local_topk)
+            rows.append(row)
+            print(f"{row['kernel']:<24}{world_size:>3}{topk:>6}{local_topk:>6}{row['seconds']:>11.1f}"
+                  f"{row['registers']:>6}{row['stack']:>7}{row['local']:>7}", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
