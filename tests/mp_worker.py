@@ -55,6 +55,32 @@ def families_mode(group, impl, exchange):
     print(f"rank {rank} ok {checked}", flush=True)
 
 
+def serving_mode(group, impl, exchange):
+    """As a serving engine drives it: one workspace per in-flight merge,
+    reused by every layer of every step, batch sizes changing up to
+    max_rows, mixed row lengths, saturation on some steps and not others."""
+    world, rank = group.world_size, group.rank
+    max_rows, width, topk = 6, 400, 64
+    ws = nt.init_dcp_topk_merge(group, max_rows=max_rows, topk=topk, local_topk=32, max_local_len=width,
+                                impl=impl, exchange=exchange, timeout_s=30)
+    gen = torch.Generator().manual_seed(5)  # the same on every rank
+    merges = 0
+    for step in range(6):
+        rows = int(torch.randint(1, max_rows + 1, (1,), generator=gen))
+        ends = torch.randint(0, width + 1, (world, rows), generator=gen, dtype=torch.int32)
+        for layer in range(3):
+            logits = torch.randn(world, rows, width, generator=gen).bfloat16()
+            if (step + layer) % 2:
+                logits[int(torch.randint(0, world, (1,), generator=gen))] += 5.0  # one rank saturates
+            ids = merge_rows(ws, logits[rank], ends[rank], topk, 1)
+            gathered = [torch.empty_like(ids) for _ in range(world)]
+            torch.distributed.all_gather(gathered, ids)
+            assert_exact(torch.stack(gathered), oracle_topk(logits, ends, topk))
+            merges += 1
+    print(f"rank {rank} served {merges} merges, epochs {ws.epochs.tolist()}", flush=True)
+    ws.destroy()
+
+
 def fault_mode(group, impl, exchange, fault):
     """Rank 1 misbehaves on the second merge; every other rank must raise."""
     rank = group.rank
@@ -90,8 +116,8 @@ def fault_mode(group, impl, exchange, fault):
 def main() -> None:
     mode, impl, exchange = sys.argv[1:4]
     group = nt.ShmGroup.from_env(timeout_s=60)
-    if mode == "families":
-        families_mode(group, impl, exchange)
+    if mode in ("families", "serving"):
+        (families_mode if mode == "families" else serving_mode)(group, impl, exchange)
         torch.distributed.destroy_process_group()
         return
     fault_mode(group, impl, exchange, mode)

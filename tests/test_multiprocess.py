@@ -43,6 +43,16 @@ def test_every_family_exact_across_processes(world_size, impl, exchange):
         assert r.returncode == 0 and f"rank {r.rank} ok 26" in r.output, r.output
 
 
+@pytest.mark.parametrize("impl,exchange", [("triton", "push"), ("reference", "all_gather")])
+def test_serving_engine_pattern_across_processes(impl, exchange):
+    results = _run("serving", impl, exchange, 3)
+    epochs = set()
+    for r in results:
+        assert r.returncode == 0 and f"rank {r.rank} served 18 merges" in r.output, r.output
+        epochs.add(r.output.split("epochs ")[1].strip())
+    assert len(epochs) == 1, "ranks disagree on the per-row epochs"
+
+
 def _assert_others_raised(results, faulty=1):
     for r in results:
         if r.rank == faulty:
