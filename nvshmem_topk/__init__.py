@@ -4,6 +4,7 @@ decode-context-parallel group. See docs/design.md.
 ``import nvshmem_topk`` needs only torch: the Triton kernels load on first
 use, NVSHMEM only when an NVSHMEM group is built."""
 
+from . import ops  # noqa: F401  (registers torch.ops.nvshmem_topk.*)
 from ._backends import RowsOutput
 from .api import (
     dcp_topk_exchange,

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from . import format as fmt
 from .groups.base import DcpGroup
+
+
+_LIVE: dict[int, "DcpTopkWorkspace"] = {}
+_HANDLES = itertools.count(1)
+
+
+def workspace_by_handle(handle: int) -> "DcpTopkWorkspace":
+    """The live workspace with this handle (the custom ops' way to name one)."""
+    try:
+        return _LIVE[handle]
+    except KeyError:
+        raise RuntimeError(f"no live DCP top-k workspace has handle {handle}; it was destroyed "
+                           "or never built (init_dcp_topk_merge)") from None
 
 
 class DcpTopkTimeoutError(RuntimeError):
@@ -63,6 +78,8 @@ class DcpTopkWorkspace:
         # the coordinator can look at it without a device synchronisation.
         self.status = torch.zeros(4, dtype=torch.int32, pin_memory=self.device.type == "cuda")
         self.destroyed = False
+        self.handle = next(_HANDLES)
+        _LIVE[self.handle] = self
 
     def record_timeout(self, row: int, rank: int, epoch: int) -> None:
         self.status.copy_(torch.tensor([1, row, rank, epoch], dtype=torch.int32))
@@ -92,3 +109,4 @@ class DcpTopkWorkspace:
         in its own ``destroy()``)."""
         self.destroyed = True
         self.gather = self.recv = self.flags = None
+        _LIVE.pop(self.handle, None)

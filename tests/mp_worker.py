@@ -81,6 +81,28 @@ def serving_mode(group, impl, exchange):
     ws.destroy()
 
 
+def compiled_mode(group, impl, exchange):
+    """torch.compile(fullgraph=True) of a step that calls the merge op."""
+    world, rank = group.world_size, group.rank
+    logits = torch.randn(world, 3, 400, generator=torch.Generator().manual_seed(2)).bfloat16()
+    logits[0, 1] += 5.0  # rank 0 saturates row 1
+    ends = torch.full((world, 3), 400, dtype=torch.int32)
+    ws = nt.init_dcp_topk_merge(group, max_rows=3, topk=64, max_local_len=400, impl=impl, exchange=exchange,
+                                timeout_s=60)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(x, e, ids):
+        torch.ops.nvshmem_topk.merge(x * 0.5, e, ids, ws.handle, True)
+        return ids
+
+    for _ in range(2):
+        ids = step(logits[rank], ends[rank], torch.empty(3, 64, dtype=torch.int32))
+        gathered = [torch.empty_like(ids) for _ in range(world)]
+        torch.distributed.all_gather(gathered, ids)
+        assert_exact(torch.stack(gathered), oracle_topk(logits.float() * 0.5, ends, 64), ordered=True)
+    print(f"rank {rank} compiled ok", flush=True)
+
+
 def fault_mode(group, impl, exchange, fault):
     """Rank 1 misbehaves on the second merge; every other rank must raise."""
     rank = group.rank
@@ -116,8 +138,9 @@ def fault_mode(group, impl, exchange, fault):
 def main() -> None:
     mode, impl, exchange = sys.argv[1:4]
     group = nt.ShmGroup.from_env(timeout_s=60)
-    if mode in ("families", "serving"):
-        (families_mode if mode == "families" else serving_mode)(group, impl, exchange)
+    modes = {"families": families_mode, "serving": serving_mode, "compiled": compiled_mode}
+    if mode in modes:
+        modes[mode](group, impl, exchange)
         torch.distributed.destroy_process_group()
         return
     fault_mode(group, impl, exchange, mode)

@@ -53,6 +53,11 @@ def test_serving_engine_pattern_across_processes(impl, exchange):
     assert len(epochs) == 1, "ranks disagree on the per-row epochs"
 
 
+def test_compiled_merge_across_processes():
+    for r in _run("compiled", "reference", "push", 2):
+        assert r.returncode == 0 and f"rank {r.rank} compiled ok" in r.output, r.output
+
+
 def _assert_others_raised(results, faulty=1):
     for r in results:
         if r.rank == faulty:
