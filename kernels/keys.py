@@ -18,9 +18,17 @@ def ord16(bits):
 
 @triton.jit
 def score_bits(ptr, mask):
-    """bf16 bits of the scores at ``ptr`` (bf16, or fp32 rounded to bf16)."""
-    x = tl.load(ptr, mask=mask, other=0.0).to(tl.bfloat16)
-    return x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    """bf16 bits of the scores at ``ptr``: bf16 as they are; fp32 rounded to
+    nearest even on the bits (torch's rule, written out so that every backend,
+    the interpreter included, rounds alike; NaN stays NaN)."""
+    x = tl.load(ptr, mask=mask, other=0.0)
+    if x.dtype == tl.float32:  # compile-time: only the taken branch is built
+        u = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+        rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.int32) & 0xFFFF
+        bits = tl.where(x != x, 0x7FC0, rounded)
+    else:
+        bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return bits
 
 
 @triton.jit

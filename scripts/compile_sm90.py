@@ -27,30 +27,30 @@ P32, P64, I32 = "*i32", "*i64", "i32"
 _OUTPUTS = {"ids_ptr": P32, "rows_ptr": P32, "valid_ptr": P32, "sat_ptr": P64, "status_ptr": P32}
 _ROWS = {"req_ptr": P32, "table_ptr": P32, "table_stride": I32, "num_reqs": I32, "num_blocks": I32,
          "block_size": I32, "stride_rows": I32, "rows_stride": I32}
-_SPLIT = {"out_ptr": P32, "scratch_ptr": P32, "logits_ptr": "*bf16", "row_ends_ptr": P32,
-          "logits_stride": I32, "width_limit": I32, "chunk": I32, "scratch_stride": I32}
+_SPLIT = {"out_ptr": P32, "scratch_ptr": P32, "row_ends_ptr": P32, "logits_stride": I32,
+          "width_limit": I32, "chunk": I32, "scratch_stride": I32}
 
 
 def _p2(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-def variants(world_size: int, topk: int, local_topk: int, planes: int = 1, gid_bits: int = 21):
+def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: int = 1, gid_bits: int = 21):
     """(kernel, signature, constexprs, num_warps) of one configuration, as
     the launchers build them."""
     def sig(kernel, **types):
         return {name: types.get(name, "constexpr") for name in kernel.arg_names}
 
     outs = dict(EMIT_IDS=True, EMIT_ROWS=True, SORTED=False, INTERLEAVE=1, GID_BITS=gid_bits)
-    yield (pack.pack_kernel, sig(pack.pack_kernel, out_ptr=P32, logits_ptr="*bf16", row_ends_ptr=P32,
+    yield (pack.pack_kernel, sig(pack.pack_kernel, out_ptr=P32, logits_ptr=logits, row_ends_ptr=P32,
                                  logits_stride=I32, width_limit=I32),
            dict(N=local_topk, PLANES=planes, BLOCK=pack.PACK_BLOCK), 16)
     for select_low in (False, True):
-        yield (pack.split_histogram_kernel, sig(pack.split_histogram_kernel, **_SPLIT),
+        yield (pack.split_histogram_kernel, sig(pack.split_histogram_kernel, logits_ptr=logits, **_SPLIT),
                dict(N=local_topk, PLANES=planes, SELECT_LOW=select_low, BLOCK=pack.PACK_BLOCK), 16)
-    yield (pack.split_count_kernel, sig(pack.split_count_kernel, **_SPLIT),
+    yield (pack.split_count_kernel, sig(pack.split_count_kernel, logits_ptr=logits, **_SPLIT),
            dict(N=local_topk, BLOCK=pack.PACK_BLOCK), 16)
-    yield (pack.split_compact_kernel, sig(pack.split_compact_kernel, **_SPLIT),
+    yield (pack.split_compact_kernel, sig(pack.split_compact_kernel, logits_ptr=logits, **_SPLIT),
            dict(N=local_topk, PLANES=planes, SPLITS_P2=64, BLOCK=pack.PACK_BLOCK), 16)
     words = local_topk + planes * (local_topk // 32)
     yield (exchange.push_rows_kernel, sig(exchange.push_rows_kernel, packed_ptr=P32, epochs_ptr=P32,
@@ -59,7 +59,7 @@ def variants(world_size: int, topk: int, local_topk: int, planes: int = 1, gid_b
     common = dict(TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(topk // local_topk, 1), WORLD=world_size)
     yield (select.select_kernel,
            sig(select.select_kernel, **_OUTPUTS, **_ROWS, gather_ptr=P32, flags_ptr=P32, epochs_ptr=P32,
-               recv_ptrs=P64, flag_ptrs=P64, logits_ptr="*bf16", row_ends_ptr=P32, logits_stride=I32,
+               recv_ptrs=P64, flag_ptrs=P64, logits_ptr=logits, row_ends_ptr=P32, logits_stride=I32,
                width_limit=I32, max_rows=I32, rank=I32, max_spins=I32),
            dict(common, WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), BLOCK=1024, **outs), 8)
     yield (select.rescue_kernel,
@@ -83,14 +83,14 @@ def compile_one(kernel, signature, constexprs, num_warps) -> dict:
     return dict(kernel=kernel.__name__, seconds=seconds, registers=reg, stack=stack, local=local)
 
 
-CONFIGS = ((8, 2048, 384), (16, 4096, 384), (1, 2048, 3072), (3, 96, 32))
+CONFIGS = ((8, 2048, 384, "*bf16"), (16, 4096, 384, "*bf16"), (1, 2048, 3072, "*bf16"), (3, 96, 32, "*fp32"))
 
 
 def main() -> list[dict]:
     rows = []
     print(f"{'kernel':<24}{'W':>3}{'K':>6}{'N':>6}{'compile s':>11}{'regs':>6}{'stack':>7}{'local':>7}")
-    for world_size, topk, local_topk in CONFIGS:
-        for variant in variants(world_size, topk, local_topk):
+    for world_size, topk, local_topk, logits in CONFIGS:
+        for variant in variants(world_size, topk, local_topk, logits):
             row = dict(compile_one(*variant), W=world_size, K=topk, N=local_topk)
             rows.append(row)
             print(f"{row['kernel']:<24}{world_size:>3}{topk:>6}{local_topk:>6}{row['seconds']:>11.1f}"

@@ -98,6 +98,18 @@ def test_pack_split_over_programs_matches_reference(monkeypatch, splits):
 
 
 @needs_triton
+def test_fp32_logits_round_to_bf16_like_the_reference():
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(3, 3, 300, generator=gen)
+    logits[:, :, ::7] = 1.0 + 2**-8  # halfway between two bf16 values: rounds to even
+    logits[:, 0, :5] = float("nan")
+    ends = torch.full((3, 3), 300, dtype=torch.int32)
+    device = "cuda" if not interpreted else "cpu"
+    got = _same_at_every_stage(logits.to(device), ends.to(device), topk=64, local_topk=32)
+    assert_exact(got["ids"].cpu(), oracle_topk(logits.bfloat16(), ends, 64))
+
+
+@needs_triton
 def test_pack_indices_kernel_matches_reference():
     import nvshmem_topk as nt
     from nvshmem_topk import reference
