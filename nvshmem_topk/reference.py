@@ -62,7 +62,8 @@ def pack_indices(
     idx = local_idx.long()
     end = row_ends.long().clamp(0, min(width, max_local_len))
     inside = (idx >= 0) & (idx < end[:, None])
-    bits = fmt.bf16_bits(logits).gather(1, torch.where(inside, idx, 0))
+    # One padding column: rows of width 0 still have an index 0 to gather.
+    bits = torch.nn.functional.pad(fmt.bf16_bits(logits), (0, 1)).gather(1, torch.where(inside, idx, 0))
     present = inside & ~fmt.is_nan_bits(bits)
     words = torch.where(present, fmt.make_words(fmt.ord16(bits), idx), 0)
     return fmt.pack_rows(words, torch.where(present, idx, 0), fmt.num_planes(max_local_len))

@@ -98,6 +98,20 @@ def test_pack_split_over_programs_matches_reference(monkeypatch, splits):
 
 
 @needs_triton
+@pytest.mark.parametrize("world_size,rows,width", [(2, 3, 0), (2, 0, 100), (1, 2, 1), (3, 1, 31)])
+def test_empty_and_tiny_shapes(world_size, rows, width):
+    import nvshmem_topk as nt
+
+    device = "cuda" if not interpreted else "cpu"
+    logits = torch.randn(world_size, rows, width, generator=torch.Generator().manual_seed(1)).bfloat16()
+    ends = torch.full((world_size, rows), width, dtype=torch.int32)
+    got = nt.simulate_dcp_topk_merge(logits.to(device), ends.to(device), topk=32, impl="triton")
+    assert got.shape == (world_size, rows, 32)
+    assert torch.equal(got.cpu(), nt.simulate_dcp_topk_merge(logits, ends, topk=32, impl="reference"))
+    assert_exact(got.cpu(), oracle_topk(logits, ends, 32))
+
+
+@needs_triton
 def test_fp32_logits_round_to_bf16_like_the_reference():
     gen = torch.Generator().manual_seed(9)
     logits = torch.randn(3, 3, 300, generator=gen)
