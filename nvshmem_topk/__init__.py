@@ -20,10 +20,12 @@ from .api import (
 from .contract import assert_packed_merge_contract
 from .format import default_local_topk, num_planes, packed_row_words, rescue_slots
 from .groups import DcpGroup, ShmGroup, SimulatedGroup, SymmetricTensor
+from .serving import DcpTopkIndexer
 from .workspace import DcpTopkTimeoutError, DcpTopkWorkspace
 
 __all__ = [
     "DcpGroup",
+    "DcpTopkIndexer",
     "DcpTopkTimeoutError",
     "DcpTopkWorkspace",
     "RowsOutput",

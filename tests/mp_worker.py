@@ -81,6 +81,38 @@ def serving_mode(group, impl, exchange):
     ws.destroy()
 
 
+def tp_dcp_mode(world_group, impl, exchange):
+    """World of 4 = a TP group holding two DCP groups of 2; each DCP group
+    serves its own requests through the indexer adapter, two micro-batches
+    in flight alternately, batch sizes changing, warm-up first."""
+    import torch.distributed as dist
+
+    world_rank = world_group.rank
+    subgroups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = world_rank // 2
+    group = nt.ShmGroup(subgroups[mine])
+    indexer = nt.DcpTopkIndexer(group, max_rows=4, topk=64, local_topk=32, max_local_len=300,
+                                micro_batches=2, impl=impl, exchange=exchange, timeout_s=30)
+    indexer.warmup()
+    gen = torch.Generator().manual_seed(100 + mine)  # each DCP group has its own requests
+    merges = 0
+    for step in range(4):
+        rows = int(torch.randint(1, 5, (1,), generator=gen))
+        ends = torch.randint(0, 301, (2, rows), generator=gen, dtype=torch.int32)
+        for layer in range(4):
+            logits = torch.randn(2, rows, 300, generator=gen).bfloat16()
+            if layer % 2:
+                logits[0] += 4.0
+            ids = torch.empty(rows, 64, dtype=torch.int32)
+            indexer.dcp_topk_merge(logits[group.rank], ends[group.rank], ids, 32, micro_batch=layer % 2)
+            gathered = [torch.empty_like(ids) for _ in range(2)]
+            dist.all_gather(gathered, ids, group=subgroups[mine])
+            assert_exact(torch.stack(gathered), oracle_topk(logits, ends, 64))
+            merges += 1
+    indexer.destroy()
+    print(f"rank {world_rank} (dcp group {mine}, dcp rank {group.rank}) ok {merges}", flush=True)
+
+
 def compiled_mode(group, impl, exchange):
     """torch.compile(fullgraph=True) of a step that calls the merge op."""
     world, rank = group.world_size, group.rank
@@ -138,7 +170,7 @@ def fault_mode(group, impl, exchange, fault):
 def main() -> None:
     mode, impl, exchange = sys.argv[1:4]
     group = nt.ShmGroup.from_env(timeout_s=60)
-    modes = {"families": families_mode, "serving": serving_mode, "compiled": compiled_mode}
+    modes = {"families": families_mode, "serving": serving_mode, "compiled": compiled_mode, "tp_dcp": tp_dcp_mode}
     if mode in modes:
         modes[mode](group, impl, exchange)
         torch.distributed.destroy_process_group()

@@ -240,3 +240,24 @@ def test_families_reach_saturation_up_to_the_slot_limit():
                                   max_local_len=logits.shape[2])
         popcount = [bin(int(m)).count("1") for m in fmt.sat_mask(sat)]
         assert popcount == [min(world, k // n)] * logits.shape[1]
+
+
+def test_indexer_adapter_seed_call_shape_and_errors():
+    group = nt.SimulatedGroup(1)
+    indexer = nt.DcpTopkIndexer(group.ranks[0], max_rows=2, topk=64, local_topk=64, max_local_len=300,
+                                micro_batches=2)
+    indexer.warmup(rows=True)
+    logits = torch.randn(2, 300, generator=torch.Generator().manual_seed(3)).bfloat16()
+    ends = torch.tensor([300, 40], dtype=torch.int32)
+    ids = torch.empty(2, 64, dtype=torch.int32)
+    indexer.dcp_topk_merge(logits, ends, ids, 64, micro_batch=1)
+    assert_exact(ids[None], oracle_topk(logits[None], ends[None], 64))
+    with pytest.raises(ValueError, match="local_topk=32 differs from this indexer's N=64"):
+        indexer.dcp_topk_merge(logits, ends, ids, 32)
+    with pytest.raises(ValueError, match="micro_batch must be in \\[0, 2\\), got 2"):
+        indexer.dcp_topk_merge(logits, ends, ids, micro_batch=2)
+    with pytest.raises(ValueError, match="micro_batches must be a positive int, got 0"):
+        nt.DcpTopkIndexer(group.ranks[0], max_rows=2, topk=64, max_local_len=300, micro_batches=0)
+    indexer.destroy()
+    with pytest.raises(RuntimeError, match="destroyed"):
+        indexer.dcp_topk_merge(logits, ends, ids)

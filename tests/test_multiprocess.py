@@ -53,6 +53,12 @@ def test_serving_engine_pattern_across_processes(impl, exchange):
     assert len(epochs) == 1, "ranks disagree on the per-row epochs"
 
 
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_two_dcp_groups_inside_a_tp_group_through_the_indexer(impl):
+    for r in _run("tp_dcp", impl, "push", 4):
+        assert r.returncode == 0 and f"dcp group {r.rank // 2}, dcp rank {r.rank % 2}) ok 16" in r.output, r.output
+
+
 def test_compiled_merge_across_processes():
     for r in _run("compiled", "reference", "push", 2):
         assert r.returncode == 0 and f"rank {r.rank} compiled ok" in r.output, r.output

@@ -1,0 +1,95 @@
+"""What a serving engine's sparse-attention indexer holds: the merge with the
+call shape engines already use, one workspace per micro-batch that can be in
+flight, and a warm-up to run before CUDA-graph capture.
+
+    # model construction, on every rank of the DCP group
+    indexer = DcpTopkIndexer(group, max_rows=256, topk=2048, max_local_len=131072,
+                             micro_batches=2)
+    indexer.warmup()                       # compiles the kernels; before capture
+    # every layer, every decode step
+    indexer.dcp_topk_merge(logits, row_ends, topk_indices, micro_batch=ub)
+    # shutdown
+    indexer.destroy()
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import api
+from .groups.base import DcpGroup
+
+
+class DcpTopkIndexer:
+    """The exact DCP top-K merge as an indexer hook.
+
+    group: this rank's DCP group (a subset of the world is fine, e.g. the DCP
+    ranks inside a TP group); micro_batches: merges that can be in flight at
+    once (each gets its own workspace). Other arguments as for
+    ``init_dcp_topk_merge``."""
+
+    def __init__(self, group: DcpGroup, *, max_rows: int, topk: int, max_local_len: int,
+                 local_topk: int | None = None, micro_batches: int = 1, interleave: int = 1,
+                 impl: str | None = None, exchange: str = "push", timeout_s: float = 5.0) -> None:
+        if not isinstance(micro_batches, int) or micro_batches < 1:
+            raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
+        self.group = group
+        self.workspaces = [
+            api.init_dcp_topk_merge(group, max_rows=max_rows, topk=topk, max_local_len=max_local_len,
+                                    local_topk=local_topk, interleave=interleave, impl=impl,
+                                    exchange=exchange, timeout_s=timeout_s)
+            for _ in range(micro_batches)
+        ]
+        self.topk = topk
+        self.local_topk = self.workspaces[0].local_topk
+        self.max_rows = max_rows
+        self.max_local_len = max_local_len
+
+    def _workspace(self, micro_batch: int, local_topk: int | None):
+        if local_topk is not None and local_topk != self.local_topk:
+            raise ValueError(f"local_topk={local_topk} differs from this indexer's N={self.local_topk}")
+        if not 0 <= micro_batch < len(self.workspaces):
+            raise ValueError(f"micro_batch must be in [0, {len(self.workspaces)}), got {micro_batch}")
+        return self.workspaces[micro_batch]
+
+    def dcp_topk_merge(self, logits: torch.Tensor, row_ends: torch.Tensor, topk_indices: torch.Tensor,
+                       local_topk: int | None = None, *, micro_batch: int = 0, sorted: bool = False) -> None:
+        """logits [T, S] bf16, row_ends [T] int32 -> topk_indices [T, K] int32
+        global ids, -1 padded (collective over the DCP group)."""
+        api.dcp_topk_merge(logits, row_ends, topk_indices, workspace=self._workspace(micro_batch, local_topk),
+                           sorted=sorted)
+
+    def dcp_topk_merge_rows(self, *, logits: torch.Tensor, row_ends: torch.Tensor, req_id: torch.Tensor,
+                            block_table: torch.Tensor, block_size: int, stride_rows: int,
+                            rows_out: torch.Tensor, valid_out: torch.Tensor,
+                            ids_out: torch.Tensor | None = None, packed: torch.Tensor | None = None,
+                            local_topk: int | None = None, micro_batch: int = 0) -> None:
+        """This rank's physical KV rows of the merge (see ``RowsOutput``)."""
+        api.dcp_topk_merge_rows(logits=logits, row_ends=row_ends,
+                                workspace=self._workspace(micro_batch, local_topk), req_id=req_id,
+                                block_table=block_table, block_size=block_size, stride_rows=stride_rows,
+                                rows_out=rows_out, valid_out=valid_out, ids_out=ids_out, packed=packed)
+
+    def warmup(self, *, rows: bool = False, sorted: bool = False) -> None:
+        """One merge of ``max_rows`` rows on every workspace, so every kernel
+        the engine will launch is compiled before graph capture (collective;
+        ``rows``/``sorted`` pick the output variants the engine uses)."""
+        device = self.group.device
+        logits = torch.zeros((self.max_rows, min(self.max_local_len, 4096)), dtype=torch.bfloat16,
+                             device=device)
+        row_ends = torch.full((self.max_rows,), logits.shape[1], dtype=torch.int32, device=device)
+        ids = torch.empty((self.max_rows, self.topk), dtype=torch.int32, device=device)
+        for ub, ws in enumerate(self.workspaces):
+            if rows:
+                table = torch.zeros((1, 1), dtype=torch.int32, device=device)
+                req = torch.zeros((self.max_rows,), dtype=torch.int32, device=device)
+                valid = torch.empty((self.max_rows,), dtype=torch.int32, device=device)
+                api.dcp_topk_merge_rows(logits=logits, row_ends=row_ends, workspace=ws, req_id=req,
+                                        block_table=table, block_size=1, stride_rows=1, rows_out=ids.clone(),
+                                        valid_out=valid, ids_out=ids, sorted=sorted)
+            else:
+                api.dcp_topk_merge(logits, row_ends, ids, workspace=ws, sorted=sorted)
+
+    def destroy(self) -> None:
+        for ws in self.workspaces:
+            ws.destroy()
