@@ -7,6 +7,8 @@ import os
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cases import families
 from drive import STAGES, drive
@@ -95,6 +97,32 @@ def test_pack_split_over_programs_matches_reference(monkeypatch, splits):
             pack.pack(got, logits[0].to(device), ends[0].to(device), local_topk=n, max_local_len=limit,
                       splits=splits)
             assert torch.equal(got.cpu(), want), (name, limit)
+
+
+@needs_triton
+@settings(max_examples=15, deadline=None)
+@given(
+    world_size=st.integers(1, 6),
+    rows=st.integers(1, 2),
+    width=st.integers(1, 130),
+    k_blocks=st.integers(1, 3),
+    n_blocks=st.integers(1, 3),
+    interleave=st.integers(1, 5),
+    levels=st.integers(1, 5),
+    sorted_=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_property_kernels_match_reference_stage_by_stage(world_size, rows, width, k_blocks, n_blocks,
+                                                         interleave, levels, sorted_, seed):
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.tensor([float("nan"), float("-inf"), -0.0, 0.0, 1.0, 2.0, float("inf")])
+    values = pool[torch.randint(0, 7, (levels,), generator=gen)]
+    logits = values[torch.randint(0, levels, (world_size, rows, width), generator=gen)].bfloat16()
+    ends = torch.randint(0, width + 2, (world_size, rows), generator=gen, dtype=torch.int32)
+    device = "cuda" if not interpreted else "cpu"
+    got = _same_at_every_stage(logits.to(device), ends.to(device), topk=32 * k_blocks,
+                               local_topk=32 * n_blocks, interleave=interleave, sorted=sorted_)
+    assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, 32 * k_blocks, interleave), ordered=sorted_)
 
 
 @needs_triton
