@@ -1,44 +1,45 @@
-"""Command line: ``python -m nvshmem_topk demo`` (also ``nvshmem-topk demo``).
+"""Command line: ``python -m nvshmem_topk COMMAND`` (also ``nvshmem-topk``).
 
-The demo merges synthetic indexer-like scores and checks every row against
-an unsharded top-K of the same scores. Under torchrun each process is one
-rank of a CPU shared-memory group running the real protocol; without it, W
-virtual ranks of a simulated group run in this process."""
+demo   synthetic indexer scores merged and checked against an unsharded
+       top-K: W virtual ranks in this process, or, under torchrun, one
+       rank per process through shared memory (CPU)
+info   devices, GPU peer access, versions, and what the merge would use
+check  every adversarial family at several world sizes against an
+       unsharded top-K, on this machine
+bench  the simulated merge vs the generic merge over T and S_local, as a
+       table, JSON/CSV and (with matplotlib) a PNG plot
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
+import statistics
+import sys
 import time
 
 import torch
 
 from . import format as fmt
 from .api import simulate_dcp_topk_merge
-from .format import default_local_topk
+from .baseline import generic_merge_compute
+from .testing import families, indexer_like_logits
 
 
-def indexer_like_logits(world_size: int, rows: int, local_len: int, seed: int) -> torch.Tensor:
-    """[W, T, S] bf16: a heavy-tailed bulk, a few strong tokens, and a recent
-    window that scores high (as indexer scores near the decode position do)."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(world_size, rows, local_len, generator=gen) * 0.6
-    x += 3.0 * (torch.rand(x.shape, generator=gen) < 0.003)
-    x[:, :, -64:] += 2.0
-    return x.bfloat16()
-
-
-def unsharded_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interleave: int):
-    """The global row rebuilt in global-id order; a stable descending sort of
-    its ord16 scores breaks ties toward the lower global id."""
+def unsharded_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interleave: int) -> list[set]:
+    """Per row, the set of global ids of an unsharded top-K: the global row
+    rebuilt in global-id order, then a stable descending sort of ord16
+    (ties go to the lower global id)."""
     world_size, rows, width = logits.shape
     local = torch.arange(width)
     result = []
     for t in range(rows):
         gids, scores = [], []
         for r in range(world_size):
-            bits = fmt.bf16_bits(logits[r, t])
-            keep = (local < row_ends[r, t]) & ~fmt.is_nan_bits(bits)
+            bits = fmt.bf16_bits(logits[r, t].cpu())
+            keep = (local < row_ends[r, t].cpu()) & ~fmt.is_nan_bits(bits)
             gids.append(fmt.global_id(local[keep], r, world_size, interleave))
             scores.append(fmt.ord16(bits[keep]))
         gid, score = torch.cat(gids), torch.cat(scores)
@@ -46,6 +47,26 @@ def unsharded_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, inte
         order = score[by_gid].sort(descending=True, stable=True).indices
         result.append(set(gid[by_gid][order][:topk].tolist()))
     return result
+
+
+def _exact(ids: torch.Tensor, want: list[set]) -> bool:
+    ids = ids.cpu()
+    return all(set(ids[r, t].tolist()) - {-1} == want[t] and torch.equal(ids[r], ids[0])
+               for r in range(ids.shape[0]) for t in range(ids.shape[1]))
+
+
+def _device(name: str | None) -> torch.device:
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+# ---------------------------------------------------------------- demo
+
+
+def _demo_data(world_size: int, rows: int, local_len: int):
+    logits = indexer_like_logits((world_size, rows, local_len), torch.Generator().manual_seed(world_size))
+    row_ends = torch.full((world_size, rows), local_len, dtype=torch.int32)
+    row_ends[:, 0] = local_len // 3  # a shorter request
+    return logits, row_ends
 
 
 def distributed_demo(args: argparse.Namespace) -> int:
@@ -57,13 +78,11 @@ def distributed_demo(args: argparse.Namespace) -> int:
     from .groups.shm import ShmGroup
 
     if torch.cuda.is_available():
-        raise SystemExit("the NVSHMEM group for GPUs is not implemented yet; run the demo on CPUs "
+        raise SystemExit("the NVSHMEM group for GPUs is not built yet; run the demo on CPUs "
                          "(CUDA_VISIBLE_DEVICES=) or without torchrun (simulated group)")
     group = ShmGroup.from_env()
     world_size, rank = group.world_size, group.rank
-    logits = indexer_like_logits(world_size, args.rows, args.local_len, seed=world_size)
-    row_ends = torch.full((world_size, args.rows), args.local_len, dtype=torch.int32)
-    row_ends[:, 0] = args.local_len // 3
+    logits, row_ends = _demo_data(world_size, args.rows, args.local_len)
     want = unsharded_topk(logits, row_ends, args.topk, 1)
     if rank == 0:
         print(f"{'W':>3} {'T':>4} {'S_local':>8} {'K':>5} {'N':>5} {'impl':>9} {'exchange':>10} {'ms':>8}  exact")
@@ -77,9 +96,7 @@ def distributed_demo(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         dcp_topk_merge(logits[rank], row_ends[rank], ids, workspace=ws)
         ms = (time.perf_counter() - start) * 1e3
-        everyone = group.all_gather(ids, ws.timeout_s)
-        exact = all(set(everyone[r, t].tolist()) - {-1} == want[t]
-                    for r in range(world_size) for t in range(args.rows))
+        exact = _exact(group.all_gather(ids, ws.timeout_s), want)
         failures += not exact
         if rank == 0:
             print(f"{world_size:>3} {args.rows:>4} {args.local_len:>8} {args.topk:>5} {ws.local_topk:>5} "
@@ -96,35 +113,180 @@ def demo(args: argparse.Namespace) -> int:
     print(f"{'W':>3} {'T':>4} {'S_local':>8} {'K':>5} {'N':>5} {'impl':>9} {'ms':>8}  exact")
     failures = 0
     for world_size in args.world_sizes:
-        logits = indexer_like_logits(world_size, args.rows, args.local_len, seed=world_size)
-        row_ends = torch.full((world_size, args.rows), args.local_len, dtype=torch.int32)
-        row_ends[:, 0] = args.local_len // 3  # a shorter request
+        logits, row_ends = _demo_data(world_size, args.rows, args.local_len)
         start = time.perf_counter()
         ids = simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=args.impl)
         ms = (time.perf_counter() - start) * 1e3
-        want = unsharded_topk(logits, row_ends, args.topk, 1)
-        exact = all(
-            set(ids[r, t].tolist()) - {-1} == want[t] and torch.equal(ids[r], ids[0])
-            for r in range(world_size) for t in range(args.rows)
-        )
+        exact = _exact(ids, unsharded_topk(logits, row_ends, args.topk, 1))
         failures += not exact
-        n = default_local_topk(args.topk, world_size)
+        n = fmt.default_local_topk(args.topk, world_size)
         print(f"{world_size:>3} {args.rows:>4} {args.local_len:>8} {args.topk:>5} {n:>5} {args.impl:>9} "
               f"{ms:>8.1f}  {'yes' if exact else 'NO'}")
     return 1 if failures else 0
 
 
+# ---------------------------------------------------------------- info
+
+
+def info(args: argparse.Namespace) -> int:
+    import platform
+
+    def version(module: str) -> str:
+        if importlib.util.find_spec(module) is None:
+            return "not installed"
+        return getattr(__import__(module), "__version__", "installed")
+
+    print(f"python        {platform.python_version()}")
+    print(f"torch         {torch.__version__}")
+    print(f"triton        {version('triton')}")
+    print(f"nvshmem4py    {'installed' if importlib.util.find_spec('nvshmem') else 'not installed'}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    print(f"GPUs          {gpus}")
+    for i in range(gpus):
+        peers = [j for j in range(gpus) if j != i and torch.cuda.can_device_access_peer(i, j)]
+        print(f"  cuda:{i}      {torch.cuda.get_device_name(i)}; peer access to {peers or 'none'}")
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    print(f"impl          {'triton' if gpus else 'reference'} by default"
+          f"{'' if gpus else ('; triton available (TRITON_INTERPRET=1)' if interpret else '; triton needs TRITON_INTERPRET=1 here')}")
+    print("groups        SimulatedGroup (any device); ShmGroup (CPU processes under torchrun); "
+          "NVSHMEM: not built yet")
+    print("exchange      push (default; stores through the peer table), all_gather (the group's collective)")
+    return 0
+
+
+# --------------------------------------------------------------- check
+
+
+def check(args: argparse.Namespace) -> int:
+    device = _device(args.device)
+    failures = 0
+    for world_size in args.world_sizes:
+        for name, logits, row_ends, k, n, inter in families(world_size, seed=args.seed):
+            ids = simulate_dcp_topk_merge(logits.to(device), row_ends.to(device), topk=k, local_topk=n,
+                                          impl=args.impl, interleave=inter)
+            ok = _exact(ids, unsharded_topk(logits, row_ends, k, inter))
+            failures += not ok
+            if not ok or args.verbose:
+                print(f"W={world_size:<3} {name:<26} {'exact' if ok else 'NOT EXACT'}", flush=True)
+    total = len(args.world_sizes) * sum(1 for _ in families(1))
+    print(f"{total - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+# --------------------------------------------------------------- bench
+
+
+def _median_ms(fn, device: torch.device, reps: int) -> float:
+    """Median of ``reps`` timed calls after two warm-ups (CUDA events on a
+    GPU, the host clock on a CPU)."""
+    fn(), fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def bench(args: argparse.Namespace) -> int:
+    device = _device(args.device)
+    grid = [(rows, width) for rows in args.rows for width in args.widths]
+    results = []
+    print(f"# simulated merge, W={args.world_size}, K={args.topk}, impl={args.impl}, {device}; medians of "
+          f"{args.reps} (ms)", file=sys.stderr)
+    for i, (rows, width) in enumerate(grid, 1):
+        logits = indexer_like_logits((args.world_size, rows, width), torch.Generator().manual_seed(i)).to(device)
+        row_ends = torch.full((args.world_size, rows), width, dtype=torch.int32, device=device)
+        merge = _median_ms(lambda: simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=args.impl),
+                           device, args.reps)
+        generic = _median_ms(lambda: generic_merge_compute(logits, args.topk), device, args.reps)
+        results.append(dict(W=args.world_size, T=rows, S=width, K=args.topk, impl=args.impl, device=str(device),
+                            merge_ms=merge, generic_ms=generic))
+        print(f"[{i}/{len(grid)}] T={rows} S={width}: merge {merge:.2f} ms, generic {generic:.2f} ms",
+              file=sys.stderr, flush=True)
+    print(f"{'T':>5}{'S_local':>9}{'merge ms':>11}{'generic ms':>12}")
+    for r in results:
+        print(f"{r['T']:>5}{r['S']:>9}{r['merge_ms']:>11.2f}{r['generic_ms']:>12.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("W,T,S,K,impl,device,merge_ms,generic_ms\n")
+            f.writelines(f"{r['W']},{r['T']},{r['S']},{r['K']},{r['impl']},{r['device']},{r['merge_ms']:.4f},"
+                         f"{r['generic_ms']:.4f}\n" for r in results)
+    if args.plot:
+        _plot(results, args.plot)
+    return 0
+
+
+def _plot(results: list[dict], path: str) -> None:
+    if importlib.util.find_spec("matplotlib") is None:
+        raise SystemExit("--plot needs matplotlib (pip install matplotlib)")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (x_key, line_key, label) in zip(axes, (("T", "S", "T (rows)"), ("S", "T", "S_local (tokens per rank)"))):
+        for line in sorted({r[line_key] for r in results}):
+            pts = sorted((r[x_key], r["merge_ms"], r["generic_ms"]) for r in results if r[line_key] == line)
+            xs = [p[0] for p in pts]
+            ax.plot(xs, [p[1] for p in pts], "o-", label=f"nvshmem_topk, {line_key}={line}")
+            ax.plot(xs, [p[2] for p in pts], "x--", label=f"generic merge, {line_key}={line}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("ms (median)")
+        ax.legend(fontsize=7)
+    r0 = results[0]
+    fig.suptitle(f"simulated merge, W={r0['W']}, K={r0['K']}, {r0['impl']} on {r0['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nvshmem-topk")
+    parser = argparse.ArgumentParser(prog="nvshmem-topk", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("demo", help="simulated DCP merge checked against an unsharded top-K")
+    run = sub.add_parser("demo", help="merge synthetic indexer scores and check them")
     run.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     run.add_argument("--rows", type=int, default=4)
     run.add_argument("--local-len", type=int, default=16384)
     run.add_argument("--topk", type=int, default=2048)
     run.add_argument("--impl", default="reference", choices=["reference", "triton"])
+    run.set_defaults(fn=demo)
+    sub.add_parser("info", help="devices, versions, what the merge would use").set_defaults(fn=info)
+    chk = sub.add_parser("check", help="the adversarial families against an unsharded top-K")
+    chk.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 3, 8, 16])
+    chk.add_argument("--impl", default="reference", choices=["reference", "triton"])
+    chk.add_argument("--device", default=None)
+    chk.add_argument("--seed", type=int, default=0)
+    chk.add_argument("--verbose", action="store_true")
+    chk.set_defaults(fn=check)
+    bch = sub.add_parser("bench", help="simulated merge vs the generic merge")
+    bch.add_argument("--world-size", type=int, default=8)
+    bch.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
+    bch.add_argument("--widths", type=int, nargs="+", default=[4096, 16384])
+    bch.add_argument("--topk", type=int, default=2048)
+    bch.add_argument("--impl", default="reference", choices=["reference", "triton"])
+    bch.add_argument("--device", default=None)
+    bch.add_argument("--reps", type=int, default=5)
+    bch.add_argument("--json", default=None)
+    bch.add_argument("--csv", default=None)
+    bch.add_argument("--plot", default=None, help="PNG path (needs matplotlib)")
+    bch.set_defaults(fn=bench)
     args = parser.parse_args(argv)
-    return demo(args)
+    return args.fn(args)
 
 
 if __name__ == "__main__":

@@ -17,25 +17,12 @@ import triton.testing
 
 import nvshmem_topk as nt
 from nvshmem_topk import _backends, api
+from nvshmem_topk.baseline import generic_merge_compute
 from nvshmem_topk.format import default_local_topk, packed_row_words
 
 
 def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # us
-
-
-def generic_merge(logits, topk):
-    """The generic merge's compute for W ranks: local top-K, 8-byte
-    (score, global id) pairs, top-K over W*K on every rank."""
-    world, rows, _ = logits.shape
-    vals, idx = logits.topk(topk, dim=2)
-    gid = idx * world + torch.arange(world, device=logits.device)[:, None, None]
-    pairs_v = vals.float().permute(1, 0, 2).reshape(rows, world * topk)
-    pairs_i = gid.permute(1, 0, 2).reshape(rows, world * topk)
-    for _ in range(world):
-        best = pairs_v.topk(topk, dim=1).indices
-        out = pairs_i.gather(1, best)
-    return out
 
 
 def main() -> None:
@@ -88,7 +75,7 @@ def main() -> None:
             with torch.cuda.graph(graph):
                 run()
             t_graph = bench(graph.replay)
-            t_generic = bench(lambda: generic_merge(logits, k))
+            t_generic = bench(lambda: generic_merge_compute(logits, k))
             expected = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference")
             run()
             exact = bool(torch.equal(ids, expected))

@@ -13,7 +13,7 @@ import time
 import torch
 
 import nvshmem_topk as nt
-from cases import families
+from nvshmem_topk.testing import families
 from nvshmem_topk import reference
 from oracle import assert_exact, oracle_topk
 

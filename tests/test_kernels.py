@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cases import families
+from nvshmem_topk.testing import families
 from drive import STAGES, drive
 from oracle import assert_exact, oracle_topk
 

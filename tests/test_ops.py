@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import nvshmem_topk as nt
-from cases import families
+from nvshmem_topk.testing import families
 from oracle import assert_exact, oracle_topk
 
 

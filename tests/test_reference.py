@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cases import families
+from nvshmem_topk.testing import families
 from nvshmem_topk import format as fmt
 from nvshmem_topk import reference, simulate_dcp_topk_merge
 from oracle import assert_exact, oracle_topk

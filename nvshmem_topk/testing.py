@@ -1,4 +1,5 @@
-"""Adversarial input families of docs/design.md ("Testing"), seeded.
+"""Adversarial input families of docs/design.md ("Testing"), seeded; used by
+the tests and by ``python -m nvshmem_topk check``.
 
 Each case is (name, logits [W, T, S] bf16, row_ends [W, T] int32, topk,
 local_topk, interleave). Data is built on the CPU from one seed, so every
@@ -15,11 +16,13 @@ def _full_ends(world_size: int, rows: int, width: int) -> torch.Tensor:
     return torch.full((world_size, rows), width, dtype=torch.int32)
 
 
-def _indexer_like(gen, shape) -> torch.Tensor:
-    """Indexer-like scores: a few strong tokens over a heavy-tailed bulk."""
-    x = torch.randn(shape, generator=gen) * 0.5
-    spikes = torch.rand(shape, generator=gen) < 0.01
-    return torch.where(spikes, x + 4.0, x).bfloat16()
+def indexer_like_logits(shape, generator: torch.Generator) -> torch.Tensor:
+    """bf16 scores shaped like an indexer's: a Gaussian bulk, about 1% strong
+    tokens, and the last 64 positions of each row raised (recent tokens)."""
+    x = torch.randn(shape, generator=generator) * 0.5
+    x = torch.where(torch.rand(shape, generator=generator) < 0.01, x + 4.0, x)
+    x[..., -64:] += 2.0
+    return x.bfloat16()
 
 
 def families(world_size: int, seed: int = 0, rows: int = 4, width: int = 512, topk: int = 128):
@@ -30,7 +33,7 @@ def families(world_size: int, seed: int = 0, rows: int = 4, width: int = 512, to
     shape = (w, t, s)
     ends = _full_ends(w, t, s)
 
-    yield "random", _indexer_like(gen, shape), ends, k, n, 1
+    yield "random", indexer_like_logits(shape, gen), ends, k, n, 1
     levels = torch.tensor([-1.0, 0.0, 0.5, 1.0]).bfloat16()
     yield "heavy_ties", levels[torch.randint(0, 4, shape, generator=gen)], ends, k, n, 1
     yield "all_equal", torch.ones(shape).bfloat16(), ends, k, n, 1
@@ -48,7 +51,7 @@ def families(world_size: int, seed: int = 0, rows: int = 4, width: int = 512, to
     tie[0, :, s // 2 :] = 0.5
     yield "boundary_ties", tie, ends, k, n, 1
 
-    nan = _indexer_like(gen, shape)
+    nan = indexer_like_logits(shape, gen)
     nan[torch.rand(shape, generator=gen) < 0.2] = NAN
     nan[:, 0] = NAN
     yield "nan_and_whole_nan_rows", nan, ends, k, n, 1
@@ -61,12 +64,12 @@ def families(world_size: int, seed: int = 0, rows: int = 4, width: int = 512, to
     short[:, 1 % t] = 1
     short[:, 2 % t] = n // 2
     short[:, 3 % t] = s
-    yield "row_ends_mixed", _indexer_like(gen, shape), short, k, n, 1
+    yield "row_ends_mixed", indexer_like_logits(shape, gen), short, k, n, 1
 
     few = torch.full((w, t), max(1, k // (2 * w)), dtype=torch.int32)
-    yield "fewer_valid_than_k", _indexer_like(gen, shape), few, k, n, 1
+    yield "fewer_valid_than_k", indexer_like_logits(shape, gen), few, k, n, 1
 
-    yield "n_ge_k", _indexer_like(gen, shape), ends, k, k + 32, 1
-    yield "n_32", _indexer_like(gen, shape), ends, k, 32, 1
-    yield "interleave_3", _indexer_like(gen, shape), short, k, n, 3
+    yield "n_ge_k", indexer_like_logits(shape, gen), ends, k, k + 32, 1
+    yield "n_32", indexer_like_logits(shape, gen), ends, k, 32, 1
+    yield "interleave_3", indexer_like_logits(shape, gen), short, k, n, 3
     yield "interleave_64_ties", levels[torch.randint(0, 4, shape, generator=gen)], ends, k, n, 64

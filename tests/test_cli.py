@@ -1,0 +1,42 @@
+"""The command line: info, check, demo and bench run on this machine."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _cli(*args, env=None):
+    out = subprocess.run([sys.executable, "-m", "nvshmem_topk", *args], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, **(env or {})))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_info_names_versions_and_the_default_impl():
+    text = _cli("info")
+    assert "torch" in text and "impl" in text and "exchange" in text
+
+
+def test_check_reference_passes_every_family():
+    assert _cli("check", "--world-sizes", "1", "5").strip().endswith("26 passed, 0 failed")
+
+
+def test_demo_simulated():
+    lines = _cli("demo", "--world-sizes", "3", "--local-len", "2048", "--topk", "256").splitlines()
+    assert lines[-1].split()[0] == "3" and lines[-1].endswith("yes")
+
+
+def test_bench_writes_json_csv_and_a_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    paths = {k: tmp_path / f"bench.{k}" for k in ("json", "csv", "png")}
+    _cli("bench", "--world-size", "2", "--rows", "1", "2", "--widths", "512", "1024", "--topk", "64",
+         "--reps", "2", "--json", str(paths["json"]), "--csv", str(paths["csv"]), "--plot", str(paths["png"]))
+    rows = json.loads(paths["json"].read_text())
+    assert {(r["T"], r["S"]) for r in rows} == {(1, 512), (1, 1024), (2, 512), (2, 1024)}
+    assert all(r["merge_ms"] > 0 and r["generic_ms"] > 0 for r in rows)
+    assert len(list(csv.DictReader(paths["csv"].open()))) == 4
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
