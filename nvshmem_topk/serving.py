@@ -71,24 +71,28 @@ class DcpTopkIndexer:
                                 rows_out=rows_out, valid_out=valid_out, ids_out=ids_out, packed=packed)
 
     def warmup(self, *, rows: bool = False, sorted: bool = False) -> None:
-        """One merge of ``max_rows`` rows on every workspace, so every kernel
-        the engine will launch is compiled before graph capture (collective;
-        ``rows``/``sorted`` pick the output variants the engine uses)."""
+        """Merges of ``max_rows`` rows and of one row on every workspace, so
+        the kernels the engine will launch (the pack splits rows over
+        programs when they are few) are compiled before graph capture.
+        Collective; ``rows``/``sorted`` pick the output variants the engine
+        uses."""
         device = self.group.device
-        logits = torch.zeros((self.max_rows, min(self.max_local_len, 4096)), dtype=torch.bfloat16,
-                             device=device)
-        row_ends = torch.full((self.max_rows,), logits.shape[1], dtype=torch.int32, device=device)
-        ids = torch.empty((self.max_rows, self.topk), dtype=torch.int32, device=device)
-        for ub, ws in enumerate(self.workspaces):
-            if rows:
-                table = torch.zeros((1, 1), dtype=torch.int32, device=device)
-                req = torch.zeros((self.max_rows,), dtype=torch.int32, device=device)
-                valid = torch.empty((self.max_rows,), dtype=torch.int32, device=device)
-                api.dcp_topk_merge_rows(logits=logits, row_ends=row_ends, workspace=ws, req_id=req,
-                                        block_table=table, block_size=1, stride_rows=1, rows_out=ids.clone(),
-                                        valid_out=valid, ids_out=ids, sorted=sorted)
-            else:
-                api.dcp_topk_merge(logits, row_ends, ids, workspace=ws, sorted=sorted)
+        width = min(self.max_local_len, 16384)
+        for num_rows in sorted({self.max_rows, 1}, reverse=True):
+            logits = torch.zeros((num_rows, width), dtype=torch.bfloat16, device=device)
+            row_ends = torch.full((num_rows,), width, dtype=torch.int32, device=device)
+            ids = torch.empty((num_rows, self.topk), dtype=torch.int32, device=device)
+            for ws in self.workspaces:
+                if rows:
+                    api.dcp_topk_merge_rows(
+                        logits=logits, row_ends=row_ends, workspace=ws,
+                        req_id=torch.zeros((num_rows,), dtype=torch.int32, device=device),
+                        block_table=torch.zeros((1, 1), dtype=torch.int32, device=device), block_size=1,
+                        stride_rows=1, rows_out=torch.empty_like(ids),
+                        valid_out=torch.empty((num_rows,), dtype=torch.int32, device=device),
+                        ids_out=ids, sorted=sorted)
+                else:
+                    api.dcp_topk_merge(logits, row_ends, ids, workspace=ws, sorted=sorted)
 
     def destroy(self) -> None:
         for ws in self.workspaces:
