@@ -78,7 +78,7 @@ class DcpTopkIndexer:
         uses."""
         device = self.group.device
         width = min(self.max_local_len, 16384)
-        for num_rows in sorted({self.max_rows, 1}, reverse=True):
+        for num_rows in dict.fromkeys((self.max_rows, 1)):  # both, once each
             logits = torch.zeros((num_rows, width), dtype=torch.bfloat16, device=device)
             row_ends = torch.full((num_rows,), width, dtype=torch.int32, device=device)
             ids = torch.empty((num_rows, self.topk), dtype=torch.int32, device=device)
