@@ -4,8 +4,10 @@ Release: every thread's payload stores, a CTA barrier, then one system-scope
 release exchange of the flag (the release orders the barrier-ordered stores
 of the whole block before the flag). Acquire: a system-scope acquire read of
 the flag before any payload read. Waits are bounded by a spin count; the
-caller turns a miss into a status record, never a hang. Scalar atomics are
-issued by one thread and broadcast, so one thread polls, not the block."""
+caller turns a miss into a status record, never a hang. Flags are polled with
+scalar atomics: one per program and poll, not one per element of a block
+(whether Triton issues it from one thread is the compiler's choice; the
+GPU timing of the wait is still to be measured)."""
 
 import triton
 import triton.language as tl
