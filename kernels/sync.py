@@ -5,9 +5,9 @@ release exchange of the flag (the release orders the barrier-ordered stores
 of the whole block before the flag). Acquire: a system-scope acquire read of
 the flag before any payload read. Waits are bounded by a spin count; the
 caller turns a miss into a status record, never a hang. Flags are polled with
-scalar atomics: one per program and poll, not one per element of a block
-(whether Triton issues it from one thread is the compiler's choice; the
-GPU timing of the wait is still to be measured)."""
+scalar atomics, which Triton lowers to one thread's atomic (predicated on
+thread 0) with the result broadcast through shared memory: one thread polls,
+not the whole block."""
 
 import triton
 import triton.language as tl
