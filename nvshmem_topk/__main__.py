@@ -102,6 +102,7 @@ def distributed_demo(args: argparse.Namespace) -> int:
             print(f"{world_size:>3} {args.rows:>4} {args.local_len:>8} {args.topk:>5} {ws.local_topk:>5} "
                   f"{args.impl:>9} {exchange:>10} {ms:>8.1f}  {'yes' if exact else 'NO'}")
         ws.destroy()
+    group.barrier()  # no rank closes its connections while a peer is still in a collective
     group.destroy()
     dist.destroy_process_group()
     return 1 if failures else 0

@@ -173,11 +173,11 @@ def main() -> None:
     modes = {"families": families_mode, "serving": serving_mode, "compiled": compiled_mode, "tp_dcp": tp_dcp_mode}
     if mode in modes:
         modes[mode](group, impl, exchange)
-        torch.distributed.destroy_process_group()
-        return
-    fault_mode(group, impl, exchange, mode)
-    # Tearing down a process group with a dead peer can abort inside gloo;
-    # the outcome is already reported.
+    else:
+        fault_mode(group, impl, exchange, mode)
+    # The outcome is reported. Interpreter shutdown can abort in a C++ thread
+    # still joinable (gloo with a peer gone, torch.compile's workers); that is
+    # not what these tests check, so leave without it.
     sys.stdout.flush()
     os._exit(0)
 
