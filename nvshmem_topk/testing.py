@@ -25,6 +25,18 @@ def indexer_like_logits(shape, generator: torch.Generator) -> torch.Tensor:
     return x.bfloat16()
 
 
+def special_value_case(world_size: int, rows: int, width: int, levels: int, seed: int):
+    """Scores drawn from ``levels`` values of {NaN, -inf, -0, +0, 1, 2, +inf}
+    (heavy ties, signed zeros, infinities) and random row ends in
+    [0, width + 1]: (logits [W, T, S] bf16, row_ends [W, T] int32)."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.tensor([NAN, -INF, -0.0, 0.0, 1.0, 2.0, INF])
+    values = pool[torch.randint(0, 7, (levels,), generator=gen)]
+    logits = values[torch.randint(0, levels, (world_size, rows, width), generator=gen)].bfloat16()
+    ends = torch.randint(0, width + 2, (world_size, rows), generator=gen, dtype=torch.int32)
+    return logits, ends
+
+
 def families(world_size: int, seed: int = 0, rows: int = 4, width: int = 512, topk: int = 128):
     """Yield every family at one world size (small shapes, CPU-friendly)."""
     gen = torch.Generator().manual_seed(seed * 1000 + world_size)

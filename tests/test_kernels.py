@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvshmem_topk.testing import families
+from nvshmem_topk.testing import families, special_value_case
 from drive import STAGES, drive
 from oracle import assert_exact, oracle_topk
 
@@ -114,11 +114,7 @@ def test_pack_split_over_programs_matches_reference(monkeypatch, splits):
 )
 def test_property_kernels_match_reference_stage_by_stage(world_size, rows, width, k_blocks, n_blocks,
                                                          interleave, levels, sorted_, seed):
-    gen = torch.Generator().manual_seed(seed)
-    pool = torch.tensor([float("nan"), float("-inf"), -0.0, 0.0, 1.0, 2.0, float("inf")])
-    values = pool[torch.randint(0, 7, (levels,), generator=gen)]
-    logits = values[torch.randint(0, levels, (world_size, rows, width), generator=gen)].bfloat16()
-    ends = torch.randint(0, width + 2, (world_size, rows), generator=gen, dtype=torch.int32)
+    logits, ends = special_value_case(world_size, rows, width, levels, seed)
     device = "cuda" if not interpreted else "cpu"
     got = _same_at_every_stage(logits.to(device), ends.to(device), topk=32 * k_blocks,
                                local_topk=32 * n_blocks, interleave=interleave, sorted=sorted_)

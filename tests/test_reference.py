@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvshmem_topk.testing import families
+from nvshmem_topk.testing import families, special_value_case
 from nvshmem_topk import format as fmt
 from nvshmem_topk import reference, simulate_dcp_topk_merge
 from oracle import assert_exact, oracle_topk
@@ -214,11 +214,7 @@ def test_deterministic_across_runs():
     seed=st.integers(0, 2**31 - 1),
 )
 def test_property_matches_the_oracle(world_size, rows, width, k_blocks, n_blocks, interleave, levels, seed):
-    gen = torch.Generator().manual_seed(seed)
-    pool = torch.tensor([float("nan"), float("-inf"), -0.0, 0.0, 1.0, 2.0, float("inf")])
-    values = pool[torch.randint(0, 7, (levels,), generator=gen)]
-    logits = values[torch.randint(0, levels, (world_size, rows, width), generator=gen)].bfloat16()
-    ends = torch.randint(0, width + 2, (world_size, rows), generator=gen, dtype=torch.int32)
+    logits, ends = special_value_case(world_size, rows, width, levels, seed)
     topk = 32 * k_blocks
     ids = simulate_dcp_topk_merge(logits, ends, topk=topk, local_topk=32 * n_blocks, interleave=interleave)
     assert_exact(ids, oracle_topk(logits, ends, topk, interleave))
