@@ -83,7 +83,7 @@ def _check_rows(rows: RowsOutput, num_rows: int, topk: int, device) -> None:
         raise ValueError(f"valid_out must be [{num_rows}], got {tuple(rows.valid_out.shape)}")
 
 
-def _check_workspace(workspace, rows: int = 0) -> DcpTopkWorkspace:
+def _check_workspace(workspace) -> DcpTopkWorkspace:
     if workspace is None:
         raise RuntimeError(
             "the DCP top-k merge needs its workspace: build one with "
@@ -93,9 +93,12 @@ def _check_workspace(workspace, rows: int = 0) -> DcpTopkWorkspace:
     if not isinstance(workspace, DcpTopkWorkspace):
         raise TypeError(f"workspace must be a DcpTopkWorkspace, got {type(workspace).__name__}")
     workspace.check()
-    if rows > workspace.max_rows:
-        raise ValueError(f"{rows} rows exceed the workspace's max_rows={workspace.max_rows}")
     return workspace
+
+
+def _check_fits(ws: DcpTopkWorkspace, rows: int) -> None:
+    if rows > ws.max_rows:
+        raise ValueError(f"{rows} rows exceed the workspace's max_rows={ws.max_rows}")
 
 
 # ------------------------------------------------------------ workspace
@@ -184,7 +187,8 @@ def dcp_topk_exchange(packed: torch.Tensor, *, workspace: DcpTopkWorkspace) -> N
     """Push this rank's round-1 rows [T, words] into every rank's gather
     buffer (this call's epoch parity) and release their flags."""
     _check_tensor("packed", packed, torch.int32, 2)
-    ws = _check_workspace(workspace, packed.shape[0])
+    ws = _check_workspace(workspace)
+    _check_fits(ws, packed.shape[0])
     _check_out("packed", packed, (packed.shape[0], ws.row_words), ws.device)
     _exchange(ws, backend(ws.impl), packed)
 
@@ -211,7 +215,8 @@ def dcp_topk_select(
     is saturated on a row, push its local top-K to every rank. Never waits
     for a rescue. ``logits``/``row_ends`` are this rank's (re-read when
     saturated)."""
-    ws = _check_workspace(workspace, num_rows)
+    ws = _check_workspace(workspace)
+    _check_fits(ws, num_rows)
     _check_logits(logits, row_ends, num_rows, ws.device)
     out = _outputs(ws, num_rows, ids_out, rows, sorted)
     backend(ws.impl).select(ws, logits, row_ends, num_rows, out)
@@ -223,7 +228,8 @@ def dcp_topk_rescue(
 ) -> None:
     """Round 2 on this rank: for rows with saturated ranks, wait for their
     pushed lists and overwrite the outputs; then close the epoch."""
-    ws = _check_workspace(workspace, num_rows)
+    ws = _check_workspace(workspace)
+    _check_fits(ws, num_rows)
     _check_logits(logits, row_ends, num_rows, ws.device)
     out = _outputs(ws, num_rows, ids_out, rows, sorted)
     backend(ws.impl).rescue(ws, logits, row_ends, num_rows, out)
@@ -291,7 +297,7 @@ def dcp_topk_merge(
     ascending id). Collective: every rank calls every merge, in stream order."""
     ws = _check_workspace(workspace)
     rows = _check_logits(logits, row_ends, None, ws.device)
-    _check_workspace(ws, rows)
+    _check_fits(ws, rows)
     _single_rank(ws)
     out = _outputs(ws, rows, topk_indices, None, sorted)
     _run_merge([ws], [logits], [row_ends], [out], rows)
@@ -310,7 +316,7 @@ def dcp_topk_merge_rows(
     (a saturated rank re-reads its row)."""
     ws = _check_workspace(workspace)
     rows = _check_logits(logits, row_ends, None, ws.device)
-    _check_workspace(ws, rows)
+    _check_fits(ws, rows)
     _single_rank(ws)
     spec = RowsOutput(req_id, block_table, block_size, stride_rows, rows_out, valid_out)
     out = _outputs(ws, rows, ids_out, spec, sorted)

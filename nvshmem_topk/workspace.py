@@ -89,7 +89,7 @@ class DcpTopkWorkspace:
         of an earlier merge expired)."""
         if self.destroyed:
             raise RuntimeError("this DCP top-k workspace was destroyed; call init_dcp_topk_merge")
-        failed, row, rank, epoch = (int(v) for v in self.status)
+        failed, row, rank, epoch = self.status.tolist()  # one host read, no device sync
         if failed and rank < 0:
             raise DcpTopkTimeoutError(
                 f"rank {self.rank}: the round-1 all-gather failed or did not complete within "
