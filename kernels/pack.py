@@ -1,48 +1,71 @@
 """Pack: a row's local top-N by (score desc, local id asc) as a packed row.
 
-Three steps over the valid prefix of a row's scores: a 256-bin histogram of
-the high byte of ord16; a histogram of the low byte inside the boundary
-bucket (together they fix the threshold score and how many of its ties are
-taken); an ordered compaction that writes candidates by ascending local id,
-ties at the threshold lowest id first. Bit-identical to ``reference.pack``.
+The exact walk (``pack_row``): a 256-bin histogram of the high byte of
+ord16, a histogram of the low byte inside the boundary bucket (together they
+fix the threshold score and how many of its ties are taken), then an ordered
+compaction that writes the kept tokens by ascending local id, ties at the
+threshold lowest id first. A saturated rank also builds its pushed list so.
 
-Two launch shapes share the helpers below. With rows enough to fill the GPU,
-one program walks its whole row (``pack_kernel``; ``pack_row`` is also how
-a saturated rank builds the list it pushes). With few rows, each row is split
-over many programs: the histograms are summed with atomics, each program
-counts what it keeps, and the compaction starts at the sum of the counts of
-the chunks before it, so the output is the same."""
+The pack itself runs the walk over a short candidate list, not the row:
+  1. estimate (a program per row): the histograms over an evenly spread
+     sample of the row give a score ``tau`` that, by the sample, comfortably
+     more than N tokens reach;
+  2. count, then write (a program per block of the row): tokens >= tau are
+     candidates; each block counts its own, then writes their local ids, in
+     order, after the candidates of the blocks before it;
+  3. finish (a program per row): when the candidates hold the row's top-N
+     (at least N of them, or tau = 0 so that every valid token is one; none
+     dropped for lack of room), the exact walk runs over them; otherwise over
+     the whole row. Either way the output is ``reference.pack``'s, bit for
+     bit: tau decides how much work is done, never what is written.
+Only the two block passes read the whole row, and they only compare; the
+histograms see the sample and the candidates."""
 
-import torch
 import triton
 import triton.language as tl
+import torch
 
 from .keys import is_nan_bits, ord16, score_bits
 
 
 @triton.jit
-def _byte_histogram(in_row, lo, hi, high_byte, SELECT_LOW: tl.constexpr, BLOCK: tl.constexpr):
-    """Histogram over valid tokens in [lo, hi) of the high byte of ord16
-    (or, with SELECT_LOW, of the low byte of those whose high byte is
-    ``high_byte``)."""
-    bins = tl.arange(0, 256)
+def _tile(in_row, cand_row, start, hi, FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
+    """Tokens [start, start + BLOCK) of the walk: of the row itself, or of its
+    candidate list (local ids at ``cand_row``). Returns (local id, ord16
+    score, valid: inside the walk and not NaN)."""
+    pos = start + tl.arange(0, BLOCK)
+    inside = pos < hi
+    if FROM_CANDIDATES:
+        local = tl.load(cand_row + pos, mask=inside, other=0)
+    else:
+        local = pos
+    bits = score_bits(in_row + local, inside)
+    return local, ord16(bits), inside & ~is_nan_bits(bits)
+
+
+@triton.jit
+def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
+    """256-bin histogram of the high byte of the counted scores (or, with
+    SELECT_LOW, of the low byte of those whose high byte is ``high_byte``)."""
+    if SELECT_LOW:
+        counted = counted & ((score >> 8) == high_byte)
+        digit = score & 0xFF
+    else:
+        digit = score >> 8
+    part = tl.histogram(tl.where(counted, digit, 0), 256)
+    skipped = score.shape[0] - tl.sum(counted.to(tl.int32), axis=0)
+    return tl.where(tl.arange(0, 256) == 0, part - skipped, part)
+
+
+@triton.jit
+def _walk_histogram(in_row, cand_row, hi, high_byte, SELECT_LOW: tl.constexpr,
+                    FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
     hist = tl.zeros((256,), dtype=tl.int32)
-    start = lo
-    while start < hi:  # a while loop: the bounds are run-time scalars
-        local = start + tl.arange(0, BLOCK)
-        inside = local < hi
-        bits = score_bits(in_row + local, inside)
-        score = ord16(bits)
+    start = 0
+    while start < hi:  # a while loop: the bound is a run-time scalar
+        _, score, valid = _tile(in_row, cand_row, start, hi, FROM_CANDIDATES, BLOCK)
+        hist += _histogram(score, valid, high_byte, SELECT_LOW)
         start += BLOCK
-        if SELECT_LOW:
-            counted = inside & ~is_nan_bits(bits) & ((score >> 8) == high_byte)
-            digit = score & 0xFF
-        else:
-            counted = inside & ~is_nan_bits(bits)
-            digit = score >> 8
-        part = tl.histogram(tl.where(counted, digit, 0), 256)
-        skipped = BLOCK - tl.sum(counted.to(tl.int32), axis=0)
-        hist += tl.where(bins == 0, part - skipped, part)
     return hist
 
 
@@ -58,64 +81,15 @@ def _boundary(hist, need):
 
 
 @triton.jit
-def _threshold(high, low, N: tl.constexpr):
+def _threshold(high, low, need):
     """(threshold ord16, ties of it taken) from the two histograms. With
-    fewer valid tokens than N every one is taken: threshold 0 is below any
+    fewer than ``need`` elements every one is taken: threshold 0 is below any
     valid score."""
-    high_bucket, above_high = _boundary(high, N)
-    low_bucket, above_low = _boundary(low, N - above_high)
-    enough = tl.sum(high, axis=0) >= N
+    high_bucket, above_high = _boundary(high, need)
+    low_bucket, above_low = _boundary(low, need - above_high)
+    enough = tl.sum(high, axis=0) >= need
     threshold = tl.where(enough, high_bucket * 256 + low_bucket, 0)
-    return threshold, tl.where(enough, N - above_high - above_low, 0)
-
-
-@triton.jit
-def _classify(in_row, local, hi, threshold):
-    inside = local < hi
-    bits = score_bits(in_row + local, inside)
-    valid = inside & ~is_nan_bits(bits)
-    score = ord16(bits)
-    return score, valid & (score > threshold), valid & (score == threshold)
-
-
-@triton.jit
-def _count(in_row, lo, hi, threshold, BLOCK: tl.constexpr):
-    """(tokens above the threshold, ties of it) in [lo, hi)."""
-    above = tl.zeros((), dtype=tl.int32)
-    ties = tl.zeros((), dtype=tl.int32)
-    start = lo
-    while start < hi:
-        _, is_above, is_tie = _classify(in_row, start + tl.arange(0, BLOCK), hi, threshold)
-        above += tl.sum(is_above.to(tl.int32), axis=0)
-        ties += tl.sum(is_tie.to(tl.int32), axis=0)
-        start += BLOCK
-    return above, ties
-
-
-@triton.jit
-def _compact(in_row, lo, hi, out_row, threshold, ties_taken, kept, ties_seen,
-             N: tl.constexpr, PLANES: tl.constexpr, BLOCK: tl.constexpr):
-    """Write the kept tokens of [lo, hi) from slot ``kept`` on, in local id
-    order; ``ties_seen`` threshold ties precede ``lo`` in the row. Plane bits
-    are OR-ed in: chunks of one row may share a plane word."""
-    start = lo
-    while start < hi:
-        local = start + tl.arange(0, BLOCK)
-        score, is_above, is_tie = _classify(in_row, local, hi, threshold)
-        tie = is_tie.to(tl.int32)
-        tie_rank = ties_seen + tl.cumsum(tie, axis=0) - tie
-        keep = is_above | (is_tie & (tie_rank < ties_taken))
-        keep_i = keep.to(tl.int32)
-        pos = kept + tl.cumsum(keep_i, axis=0) - keep_i
-        word = (score.to(tl.int64) << 16) | (0xFFFF - (local & 0xFFFF))
-        tl.store(out_row + pos, word.to(tl.int32), mask=keep)
-        for p in tl.static_range(PLANES):
-            bit = (local >> (16 + p)) & 1
-            tl.atomic_or(out_row + N + p * (N // 32) + pos // 32, bit << (pos % 32),
-                         mask=keep & (bit != 0), sem="relaxed")
-        kept += tl.sum(keep_i, axis=0)
-        ties_seen += tl.sum(tie, axis=0)
-        start += BLOCK
+    return threshold, tl.where(enough, need - above_high - above_low, 0)
 
 
 @triton.jit
@@ -126,17 +100,48 @@ def _zero_row(out_row, WORDS: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _walk(in_row, cand_row, hi, out_row, N: tl.constexpr, PLANES: tl.constexpr,
+          FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
+    """The exact top-N of the walk's tokens, written as a packed row."""
+    _zero_row(out_row, N + PLANES * (N // 32), BLOCK)
+    tl.debug_barrier()
+    high = _walk_histogram(in_row, cand_row, hi, 0, False, FROM_CANDIDATES, BLOCK)
+    high_bucket, _ = _boundary(high, N)
+    low = _walk_histogram(in_row, cand_row, hi, high_bucket, True, FROM_CANDIDATES, BLOCK)
+    threshold, ties_taken = _threshold(high, low, N)
+    kept = tl.zeros((), dtype=tl.int32)
+    ties_seen = tl.zeros((), dtype=tl.int32)
+    start = 0
+    while start < hi:
+        local, score, valid = _tile(in_row, cand_row, start, hi, FROM_CANDIDATES, BLOCK)
+        kept, ties_seen = _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen, N, PLANES)
+        start += BLOCK
+
+
+@triton.jit
+def _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen,
+             N: tl.constexpr, PLANES: tl.constexpr):
+    """Write one tile's kept tokens from slot ``kept`` on, in tile order;
+    ``ties_seen`` threshold ties came before the tile. Returns both updated."""
+    is_tie = valid & (score == threshold)
+    tie = is_tie.to(tl.int32)
+    keep = (valid & (score > threshold)) | (is_tie & (ties_seen + tl.cumsum(tie, axis=0) - tie < ties_taken))
+    keep_i = keep.to(tl.int32)
+    pos = kept + tl.cumsum(keep_i, axis=0) - keep_i
+    word = (score.to(tl.int64) << 16) | (0xFFFF - (local & 0xFFFF))
+    tl.store(out_row + pos, word.to(tl.int32), mask=keep)
+    for p in tl.static_range(PLANES):  # kept tokens of one tile may share a plane word
+        bit = (local >> (16 + p)) & 1
+        tl.atomic_or(out_row + N + p * (N // 32) + pos // 32, bit << (pos % 32),
+                     mask=keep & (bit != 0), sem="relaxed")
+    return kept + tl.sum(keep_i, axis=0), ties_seen + tl.sum(tie, axis=0)
+
+
+@triton.jit
 def pack_row(in_row, end, out_row, N: tl.constexpr, PLANES: tl.constexpr, BLOCK: tl.constexpr):
     """Write the packed top-N of scores ``in_row[0:end]`` to ``out_row``
     (N + PLANES * N / 32 int32 words), in one program."""
-    _zero_row(out_row, N + PLANES * (N // 32), BLOCK)
-    tl.debug_barrier()
-    high = _byte_histogram(in_row, 0, end, 0, False, BLOCK)
-    high_bucket, _ = _boundary(high, N)
-    low = _byte_histogram(in_row, 0, end, high_bucket, True, BLOCK)
-    threshold, ties_taken = _threshold(high, low, N)
-    zero = tl.zeros((), dtype=tl.int32)
-    _compact(in_row, 0, end, out_row, threshold, ties_taken, zero, zero, N, PLANES, BLOCK)
+    _walk(in_row, in_row, end, out_row, N, PLANES, False, BLOCK)
 
 
 @triton.jit
@@ -144,116 +149,132 @@ def _row_end(row_ends_ptr, row, width_limit):
     return tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit)
 
 
+# Scratch per row (int32): [0] tau, [1, 1 + BLOCKS) candidates per block,
+# then room for CAP candidate local ids.
+
+
 @triton.jit
-def pack_kernel(out_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit,
-                N: tl.constexpr, PLANES: tl.constexpr, BLOCK: tl.constexpr):
+def estimate_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
+                    N: tl.constexpr, SAMPLE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    words: tl.constexpr = N + PLANES * (N // 32)
-    pack_row(logits_ptr + row * logits_stride, _row_end(row_ends_ptr, row, width_limit),
-             out_ptr + row * words, N, PLANES, BLOCK)
-
-
-# Split rows. Scratch per row (int32): [0, 256) high-byte histogram,
-# [256, 512) low-byte histogram, then (above, ties) per chunk.
+    end = _row_end(row_ends_ptr, row, width_limit)
+    stride = tl.maximum(tl.cdiv(end, SAMPLE), 1)
+    i = tl.arange(0, SAMPLE)
+    pos = i * stride + i % stride  # one token from each stretch of ``stride``
+    inside = pos < end
+    bits = score_bits(logits_ptr + row * logits_stride + pos, inside)
+    score = ord16(bits)
+    valid = inside & ~is_nan_bits(bits)
+    # The top-N should put ``expected`` tokens in the sample. Asking for five
+    # standard deviations more makes a row that falls back to the whole-row
+    # walk (a sample that promised too much) about a one-in-a-million event
+    # (all N when the sample is the row: then tau is exact).
+    expected = N * tl.sum(inside.to(tl.float32), axis=0) / tl.maximum(end, 1).to(tl.float32)
+    need = tl.where(stride == 1, N, tl.ceil(expected + 5.0 * tl.sqrt(expected)).to(tl.int32) + 4)
+    high = _histogram(score, valid, 0, False)
+    high_bucket, _ = _boundary(high, need)
+    tau, _ = _threshold(high, _histogram(score, valid, high_bucket, True), need)
+    tl.store(scratch_ptr + row * scratch_stride, tau)
 
 
 @triton.jit
-def _split_chunk(row_ends_ptr, width_limit, chunk):
-    """(row, chunk index, lo, hi): this program's part [lo, hi) of its row."""
+def _block_candidates(logits_ptr, row_ends_ptr, scratch_ptr, logits_stride, width_limit, scratch_stride,
+                      BLOCK: tl.constexpr):
+    """(block, scratch row, local ids, candidate flags) of this program's
+    block, as [BLOCK / 128, 128] tiles: a scan along the short axis stays in
+    a warp, and the one across it is 128 times shorter than the block."""
+    block = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    scratch = scratch_ptr + row * scratch_stride
+    local = block * BLOCK + tl.arange(0, BLOCK // 128)[:, None] * 128 + tl.arange(0, 128)[None, :]
+    inside = local < _row_end(row_ends_ptr, row, width_limit)
+    bits = score_bits(logits_ptr + row * logits_stride + local, inside)
+    candidate = inside & ~is_nan_bits(bits) & (ord16(bits) >= tl.load(scratch))
+    return block, scratch, local, candidate
+
+
+@triton.jit
+def count_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
+                 BLOCK: tl.constexpr):
+    block, scratch, _, candidate = _block_candidates(logits_ptr, row_ends_ptr, scratch_ptr, logits_stride,
+                                                     width_limit, scratch_stride, BLOCK)
+    tl.store(scratch + 1 + block, tl.sum(tl.sum(candidate.to(tl.int32), axis=1), axis=0))
+
+
+@triton.jit
+def write_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
+                 BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
+    block = tl.program_id(0)
+    scratch = scratch_ptr + tl.program_id(1).to(tl.int64) * scratch_stride
+    if tl.load(scratch + 1 + block) > 0:  # most blocks of a long row hold no candidate
+        block, scratch, local, candidate = _block_candidates(logits_ptr, row_ends_ptr, scratch_ptr,
+                                                             logits_stride, width_limit, scratch_stride, BLOCK)
+        earlier = tl.arange(0, BLOCKS_P2)
+        first = tl.sum(tl.load(scratch + 1 + earlier, mask=earlier < block, other=0), axis=0)
+        flag = candidate.to(tl.int32)
+        per_line = tl.sum(flag, axis=1)
+        pos = first + (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag
+        tl.store(scratch + 1 + BLOCKS + pos, local, mask=candidate & (pos < CAP))
+
+
+@triton.jit
+def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
+                  N: tl.constexpr, PLANES: tl.constexpr, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                  CAP: tl.constexpr, ROW_BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    lo = split * chunk
-    return row, split, lo, tl.minimum(lo + chunk, _row_end(row_ends_ptr, row, width_limit))
-
-
-@triton.jit
-def _scratch_threshold(scratch, N: tl.constexpr):
-    bins = tl.arange(0, 256)
-    return _threshold(tl.load(scratch + bins), tl.load(scratch + 256 + bins), N)
-
-
-@triton.jit
-def split_histogram_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit,
-                           chunk, scratch_stride, N: tl.constexpr, PLANES: tl.constexpr,
-                           SELECT_LOW: tl.constexpr, BLOCK: tl.constexpr):
-    row, split, lo, hi = _split_chunk(row_ends_ptr, width_limit, chunk)
-    hists = scratch_ptr + row * scratch_stride + tl.arange(0, 256)
+    scratch = scratch_ptr + row * scratch_stride
     in_row = logits_ptr + row * logits_stride
-    if SELECT_LOW:
-        high_bucket, _ = _boundary(tl.load(hists), N)
-        tl.atomic_add(hists + 256, _byte_histogram(in_row, lo, hi, high_bucket, True, BLOCK), sem="relaxed")
-    else:
-        if split == 0:
-            _zero_row(out_ptr + row * (N + PLANES * (N // 32)), N + PLANES * (N // 32), BLOCK)
-        tl.atomic_add(hists, _byte_histogram(in_row, lo, hi, 0, False, BLOCK), sem="relaxed")
-
-
-@triton.jit
-def split_count_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, chunk,
-                       scratch_stride, N: tl.constexpr, BLOCK: tl.constexpr):
-    row, split, lo, hi = _split_chunk(row_ends_ptr, width_limit, chunk)
-    scratch = scratch_ptr + row * scratch_stride
-    threshold, _ = _scratch_threshold(scratch, N)
-    above, ties = _count(logits_ptr + row * logits_stride, lo, hi, threshold, BLOCK)
-    tl.store(scratch + 512 + 2 * split, above)
-    tl.store(scratch + 513 + 2 * split, ties)
-
-
-@triton.jit
-def split_compact_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit,
-                         chunk, scratch_stride, N: tl.constexpr, PLANES: tl.constexpr,
-                         SPLITS_P2: tl.constexpr, BLOCK: tl.constexpr):
-    row, split, lo, hi = _split_chunk(row_ends_ptr, width_limit, chunk)
-    scratch = scratch_ptr + row * scratch_stride
-    threshold, ties_taken = _scratch_threshold(scratch, N)
-    earlier = tl.arange(0, SPLITS_P2)
-    before = earlier < split
-    above = tl.load(scratch + 512 + 2 * earlier, mask=before, other=0)
-    ties = tl.load(scratch + 513 + 2 * earlier, mask=before, other=0)
-    tie_start = tl.cumsum(ties, axis=0) - ties
-    taken = tl.minimum(tl.maximum(ties_taken - tie_start, 0), ties)
     out_row = out_ptr + row * (N + PLANES * (N // 32))
-    _compact(logits_ptr + row * logits_stride, lo, hi, out_row, threshold, ties_taken,
-             tl.sum(above + taken, axis=0), tl.sum(ties, axis=0), N, PLANES, BLOCK)
+    blocks = tl.arange(0, BLOCKS_P2)
+    total = tl.sum(tl.load(scratch + 1 + blocks, mask=blocks < BLOCKS, other=0), axis=0)
+    complete = (total <= CAP) & ((total >= N) | (tl.load(scratch) == 0))
+    if complete:  # every candidate fits one tile: loaded once, selected in registers
+        local, score, valid = _tile(in_row, scratch + 1 + BLOCKS, 0, total, True, CAP)
+        _zero_row(out_row, N + PLANES * (N // 32), 1024)
+        high = _histogram(score, valid, 0, False)
+        high_bucket, _ = _boundary(high, N)
+        threshold, ties_taken = _threshold(high, _histogram(score, valid, high_bucket, True), N)
+        tl.debug_barrier()
+        zero = tl.zeros((), dtype=tl.int32)
+        _compact(out_row, local, score, valid, threshold, ties_taken, zero, zero, N, PLANES)
+    else:
+        _walk(in_row, in_row, _row_end(row_ends_ptr, row, width_limit), out_row, N, PLANES, False, ROW_BLOCK)
 
 
-PACK_BLOCK = 4096
-PACK_GROUPS = 8
-# Split rows over programs until about two programs per SM are busy
-# (H200: 132 SMs); a chunk is at least one block.
-TARGET_PROGRAMS = 264
+SAMPLE = 2048
+FILTER_BLOCK = 2048
+FILTER_WARPS = 4
+ROW_BLOCK = 4096
+
+
+def candidate_room(local_topk: int) -> int:
+    """Candidates a row may have before it falls back to the whole-row walk
+    (a power of two: the finish holds them in one tile)."""
+    return triton.next_power_of_2(max(4096, 2 * local_topk))
 
 
 def _planes(out, local_topk: int) -> int:
     return (out.shape[1] - local_topk) // (local_topk // 32)
 
 
-def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, splits: int | None = None) -> None:
+def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int) -> None:
     """out: int32 [T, N + P*N/32] (P read off its width); logits: [T, S]
-    bf16/fp32 (stride(1) == 1); row_ends: int32 [T]. ``splits``: programs
-    per row (default: enough to fill the GPU)."""
+    bf16/fp32 (stride(1) == 1); row_ends: int32 [T]."""
     rows, width = logits.shape
     if rows == 0:
         return
     limit = min(width, max_local_len)
-    planes = _planes(out, local_topk)
-    if splits is None:
-        splits = max(1, min(triton.cdiv(TARGET_PROGRAMS, rows), triton.cdiv(limit, PACK_BLOCK)))
-    if splits == 1:
-        pack_kernel[(rows,)](out, logits, row_ends, logits.stride(0), limit,
-                             N=local_topk, PLANES=planes, BLOCK=PACK_BLOCK, num_warps=16)
-        return
-    chunk = triton.cdiv(triton.cdiv(limit, splits), PACK_BLOCK) * PACK_BLOCK
-    splits = triton.cdiv(limit, chunk)
-    scratch = torch.zeros((rows, 512 + 2 * splits), dtype=torch.int32, device=out.device)
-    args = (logits, row_ends, logits.stride(0), limit, chunk, scratch.stride(0))
-    grid = (rows, splits)
-    for select_low in (False, True):
-        split_histogram_kernel[grid](out, scratch, *args, N=local_topk, PLANES=planes,
-                                     SELECT_LOW=select_low, BLOCK=PACK_BLOCK, num_warps=16)
-    split_count_kernel[grid](scratch, *args, N=local_topk, BLOCK=PACK_BLOCK, num_warps=16)
-    split_compact_kernel[grid](out, scratch, *args, N=local_topk, PLANES=planes,
-                               SPLITS_P2=triton.next_power_of_2(splits), BLOCK=PACK_BLOCK, num_warps=16)
+    blocks = max(1, triton.cdiv(limit, FILTER_BLOCK))
+    cap = candidate_room(local_topk)
+    scratch = torch.empty((rows, 1 + blocks + cap), dtype=torch.int32, device=out.device)
+    args = (logits, row_ends, logits.stride(0), limit, scratch.stride(0))
+    estimate_kernel[(rows,)](scratch, *args, N=local_topk,
+                             SAMPLE=min(SAMPLE, triton.next_power_of_2(max(limit, 1))), num_warps=8)
+    count_kernel[(blocks, rows)](scratch, *args, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS)
+    write_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCKS_P2=triton.next_power_of_2(blocks), CAP=cap,
+                                 BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS)
+    finish_kernel[(rows,)](out, scratch, *args, N=local_topk, PLANES=_planes(out, local_topk), BLOCKS=blocks,
+                           BLOCKS_P2=triton.next_power_of_2(blocks), CAP=cap, ROW_BLOCK=ROW_BLOCK, num_warps=8)
 
 
 @triton.jit
@@ -289,4 +310,4 @@ def pack_indices(out, logits, local_idx, row_ends, *, max_local_len: int) -> Non
         return
     pack_indices_kernel[(rows,)](out, logits, local_idx, row_ends, logits.stride(0), local_idx.stride(0),
                                  min(width, max_local_len), N=n, PLANES=_planes(out, n),
-                                 GROUPS=PACK_GROUPS, num_warps=4)
+                                 GROUPS=8, num_warps=4)

@@ -180,6 +180,9 @@ def _out_args(ids, rows, fallback):
             rows.rows_out.stride(0))
 
 
+SELECT_WARPS = 8
+
+
 def select(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, recv_ptrs, flag_ptrs,
            logits, row_ends, max_local_len, max_rows, rank, world_size, topk, local_topk, planes,
            slots, interleave, gid_bits, max_spins) -> None:
@@ -192,7 +195,8 @@ def select(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, r
         max_rows, rank, max_spins,
         TOPK=topk, N=local_topk, PLANES=planes, SLOTS=slots, WORLD=world_size,
         WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
-        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, BLOCK=1024, num_warps=8)
+        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, BLOCK=1024,
+        num_warps=SELECT_WARPS)
 
 
 RESCUE_TILE = 1024

@@ -1,11 +1,14 @@
 """Single-GPU benchmark: pack vs torch.topk(k=N), select, and the whole
 simulated merge vs the generic merge, all in one process (CUDA, medians of
-triton.testing.do_bench). Prints a table and writes JSON.
+triton.testing.do_bench, which empties L2 before every run). Each is timed
+as a CUDA-graph replay, as serving engines run it; the pack also eagerly
+(its Python launch cost included). Prints a table and writes JSON.
 
     python scripts/bench_kernels.py --out results.json [--rows 64 --widths 131072]
 
 Bytes (for reading the pack numbers): one pass over bf16 logits reads
-2*T*S bytes; the pack makes three passes over each row's valid prefix."""
+2*T*S bytes; the pack makes two such passes (count, write), plus a sample
+of 2048 tokens per row and the candidates (about 3N per row)."""
 
 from __future__ import annotations
 
@@ -16,13 +19,22 @@ import torch
 import triton.testing
 
 import nvshmem_topk as nt
-from nvshmem_topk import _backends, api
+from nvshmem_topk import _backends, api, reference
 from nvshmem_topk.baseline import generic_merge_compute
 from nvshmem_topk.format import default_local_topk, packed_row_words
 
 
 def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # us
+
+
+def graphed(fn) -> torch.cuda.CUDAGraph:
+    fn()  # compiles, and allocates outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 def main() -> None:
@@ -44,18 +56,23 @@ def main() -> None:
 
     n = 384
     print(f"# {results['gpu']}  K={k}  medians of do_bench (us)")
-    print(f"{'pack N=384':<14}{'T':>5}{'S':>8}{'pack':>9}{'topk(N)':>9}{'speedup':>9}")
+    print(f"{'pack N=384':<14}{'T':>5}{'S':>8}{'graph':>9}{'eager':>9}{'topk(N)':>9}{'speedup':>9}")
     for rows in args.rows:
         for width in args.widths:
             logits = torch.randn(rows, width, device=dev, generator=gen).bfloat16()
             ends = torch.full((rows,), width, dtype=torch.int32, device=dev)
             out = torch.empty(rows, packed_row_words(n, 1), dtype=torch.int32, device=dev)
-            t_pack = bench(lambda: nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=131072,
-                                                    out=out, impl="triton"))
-            t_topk = bench(lambda: logits.topk(n, dim=1))
-            results["pack"].append(dict(T=rows, S=width, N=n, pack_us=t_pack, torch_topk_us=t_topk))
+            pack = lambda: nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=131072,  # noqa: E731
+                                            out=out, impl="triton")
+            t_eager = bench(pack)
+            t_pack = bench(graphed(pack).replay)
+            t_topk = bench(graphed(lambda: logits.topk(n, dim=1)).replay)
+            exact = bool(torch.equal(out, reference.pack(logits, ends, n, 131072)))
+            results["pack"].append(dict(T=rows, S=width, N=n, pack_graph_us=t_pack, pack_eager_us=t_eager,
+                                        torch_topk_graph_us=t_topk, exact=exact))
             save()
-            print(f"{'':<14}{rows:>5}{width:>8}{t_pack:>9.1f}{t_topk:>9.1f}{t_topk / t_pack:>8.1f}x")
+            print(f"{'':<14}{rows:>5}{width:>8}{t_pack:>9.1f}{t_eager:>9.1f}{t_topk:>9.1f}{t_topk / t_pack:>8.1f}x"
+                  f"  exact={exact}")
 
     print(f"{'merge W=8':<14}{'T':>5}{'S':>8}{'eager':>9}{'graph':>9}{'generic':>9}{'vs graph':>9}{'select':>9}")
     world = 8
@@ -71,11 +88,8 @@ def main() -> None:
             outs = [_backends.Outputs(ids[r], None, False) for r in range(world)]
             run = lambda: api._run_merge(wss, list(logits), list(ends), outs, rows)  # noqa: E731
             t_merge = bench(run)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run()
-            t_graph = bench(graph.replay)
-            t_generic = bench(lambda: generic_merge_compute(logits, k))
+            t_graph = bench(graphed(run).replay)
+            t_generic = bench(graphed(lambda: generic_merge_compute(logits, k)).replay)
             expected = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference")
             run()
             exact = bool(torch.equal(ids, expected))
@@ -84,7 +98,7 @@ def main() -> None:
             for ws in wss:
                 ws.flags.local.fill_(1 << 30)
             tri = _backends.TritonBackend
-            t_select = bench(lambda: tri.select(wss[0], logits[0], ends[0], rows, outs[0]))
+            t_select = bench(graphed(lambda: tri.select(wss[0], logits[0], ends[0], rows, outs[0])).replay)
             results["merge"].append(dict(W=world, T=rows, S=width, N=n, merge_eager_us=t_merge,
                                          merge_graph_us=t_graph, generic_us=t_generic,
                                          select_us=t_select, exact=exact))

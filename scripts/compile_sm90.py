@@ -27,8 +27,6 @@ P32, P64, I32 = "*i32", "*i64", "i32"
 _OUTPUTS = {"ids_ptr": P32, "rows_ptr": P32, "valid_ptr": P32, "sat_ptr": P64, "status_ptr": P32}
 _ROWS = {"req_ptr": P32, "table_ptr": P32, "table_stride": I32, "num_reqs": I32, "num_blocks": I32,
          "block_size": I32, "stride_rows": I32, "rows_stride": I32}
-_SPLIT = {"out_ptr": P32, "scratch_ptr": P32, "row_ends_ptr": P32, "logits_stride": I32,
-          "width_limit": I32, "chunk": I32, "scratch_stride": I32}
 
 
 def _p2(n: int) -> int:
@@ -42,16 +40,17 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
         return {name: types.get(name, "constexpr") for name in kernel.arg_names}
 
     outs = dict(EMIT_IDS=True, EMIT_ROWS=True, SORTED=False, INTERLEAVE=1, GID_BITS=gid_bits)
-    yield (pack.pack_kernel, sig(pack.pack_kernel, out_ptr=P32, logits_ptr=logits, row_ends_ptr=P32,
-                                 logits_stride=I32, width_limit=I32),
-           dict(N=local_topk, PLANES=planes, BLOCK=pack.PACK_BLOCK), 16)
-    for select_low in (False, True):
-        yield (pack.split_histogram_kernel, sig(pack.split_histogram_kernel, logits_ptr=logits, **_SPLIT),
-               dict(N=local_topk, PLANES=planes, SELECT_LOW=select_low, BLOCK=pack.PACK_BLOCK), 16)
-    yield (pack.split_count_kernel, sig(pack.split_count_kernel, logits_ptr=logits, **_SPLIT),
-           dict(N=local_topk, BLOCK=pack.PACK_BLOCK), 16)
-    yield (pack.split_compact_kernel, sig(pack.split_compact_kernel, logits_ptr=logits, **_SPLIT),
-           dict(N=local_topk, PLANES=planes, SPLITS_P2=64, BLOCK=pack.PACK_BLOCK), 16)
+    rows = dict(logits_ptr=logits, row_ends_ptr=P32, logits_stride=I32, width_limit=I32, scratch_stride=I32)
+    blocks = 32
+    cap = pack.candidate_room(local_topk)
+    yield (pack.estimate_kernel, sig(pack.estimate_kernel, scratch_ptr=P32, **rows),
+           dict(N=local_topk, SAMPLE=pack.SAMPLE), 8)
+    yield (pack.count_kernel, sig(pack.count_kernel, scratch_ptr=P32, **rows),
+           dict(BLOCK=pack.FILTER_BLOCK), pack.FILTER_WARPS)
+    yield (pack.write_kernel, sig(pack.write_kernel, scratch_ptr=P32, **rows),
+           dict(BLOCKS=blocks, BLOCKS_P2=blocks, CAP=cap, BLOCK=pack.FILTER_BLOCK), pack.FILTER_WARPS)
+    yield (pack.finish_kernel, sig(pack.finish_kernel, out_ptr=P32, scratch_ptr=P32, **rows),
+           dict(N=local_topk, PLANES=planes, BLOCKS=blocks, BLOCKS_P2=blocks, CAP=cap, ROW_BLOCK=pack.ROW_BLOCK), 8)
     words = local_topk + planes * (local_topk // 32)
     yield (exchange.push_rows_kernel, sig(exchange.push_rows_kernel, packed_ptr=P32, epochs_ptr=P32,
                                           gather_ptrs=P64, flag_ptrs=P64, max_rows=I32, rank=I32),

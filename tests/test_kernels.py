@@ -80,22 +80,27 @@ def test_k4096_with_saturation_matches_reference(world_size, width):
 
 
 @needs_triton
-@pytest.mark.parametrize("splits", [2, 5])
-def test_pack_split_over_programs_matches_reference(monkeypatch, splits):
-    """Rows split over programs: ties at the threshold straddle chunks."""
+@pytest.mark.parametrize("room", [None, 64])
+def test_pack_candidates_and_whole_row_walk_match_reference(monkeypatch, room):
+    """Rows of several blocks and a sampled estimate: ties at the threshold
+    straddle blocks; with little room for candidates (``room``) rows fall
+    back to the whole-row walk."""
     from nvshmem_topk import reference
     from nvshmem_topk.kernels import pack
 
-    monkeypatch.setattr(pack, "PACK_BLOCK", 1024)
+    monkeypatch.setattr(pack, "FILTER_BLOCK", 1024)
+    monkeypatch.setattr(pack, "SAMPLE", 512)
+    if room is not None:
+        monkeypatch.setattr(pack, "candidate_room", lambda local_topk: room)
     device = "cuda" if not interpreted else "cpu"
-    for name, logits, ends, _, n, _ in families(1, seed=6, rows=2, width=4500, topk=256):
-        if name not in ("all_equal", "boundary_ties", "nan_and_whole_nan_rows", "row_ends_mixed"):
-            continue
+    cases = [c for c in families(1, seed=6, rows=2, width=4500, topk=256) if c[0] != "inf_and_signed_zero"]
+    ascending = torch.linspace(-3, 3, 4500).bfloat16().expand(1, 2, 4500).contiguous()
+    cases.append(("ascending", ascending, cases[0][2], None, cases[0][4], None))
+    for name, logits, ends, _, n, _ in cases:
         for limit in (4500, 3000):
             want = reference.pack(logits[0], ends[0], n, limit)
             got = torch.full_like(want, 123).to(device)
-            pack.pack(got, logits[0].to(device), ends[0].to(device), local_topk=n, max_local_len=limit,
-                      splits=splits)
+            pack.pack(got, logits[0].to(device), ends[0].to(device), local_topk=n, max_local_len=limit)
             assert torch.equal(got.cpu(), want), (name, limit)
 
 
