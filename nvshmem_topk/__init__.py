@@ -19,7 +19,8 @@ from .api import (
 )
 from .contract import assert_packed_merge_contract
 from .format import default_local_topk, num_planes, packed_row_words, rescue_slots
-from .groups import DcpGroup, ShmGroup, SimulatedGroup, SymmetricTensor
+from .groups import (DcpGroup, NvshmemGroup, ShmGroup, SimulatedGroup, SymmetricTensor, finalize_nvshmem,
+                     init_nvshmem)
 from .serving import DcpTopkIndexer
 from .workspace import DcpTopkTimeoutError, DcpTopkWorkspace
 
@@ -28,6 +29,7 @@ __all__ = [
     "DcpTopkIndexer",
     "DcpTopkTimeoutError",
     "DcpTopkWorkspace",
+    "NvshmemGroup",
     "RowsOutput",
     "ShmGroup",
     "SimulatedGroup",
@@ -41,7 +43,9 @@ __all__ = [
     "dcp_topk_rescue",
     "dcp_topk_select",
     "default_local_topk",
+    "finalize_nvshmem",
     "init_dcp_topk_merge",
+    "init_nvshmem",
     "num_planes",
     "packed_row_words",
     "rescue_slots",

@@ -1,0 +1,190 @@
+"""GPU group: symmetric memory on the NVSHMEM heap, peers by load/store.
+
+NVSHMEM is started once per process over torch.distributed (rank 0 of the
+world draws a unique id, ``broadcast_object_list`` hands it to every rank),
+or joined when the process already runs in an NVSHMEM job. One NVSHMEM PE is
+one torch.distributed world rank. A DCP group is a team of the NVSHMEM
+world: the world itself, or, when the DCP groups are smaller (TP = 8 with
+DCP = 4 gives two), one strided split per DCP group.
+
+Allocations (``nvshmem_malloc``) are collective over the whole NVSHMEM job,
+not only the team: every rank builds its workspaces at the same points, in
+the same order, as serving engines do at model construction. Peer address
+tables come from ``nvshmem_ptr``; a peer without one (another node) is an
+error here.
+
+Lifetimes are explicit: ``destroy()`` frees this group's allocations and
+its team (collective); ``finalize_nvshmem()`` ends NVSHMEM for the process
+when this library started it. Nothing is freed from ``__del__``."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .base import SymmetricTensor
+
+_STARTED_HERE = False
+
+
+def _nvshmem():
+    try:
+        import nvshmem.core
+    except ImportError as err:
+        raise ImportError(
+            "NvshmemGroup needs nvshmem4py: pip install 'nvshmem-topk[nvshmem]' "
+            "(nvshmem4py-cu13 and nvidia-nvshmem-cu13)"
+        ) from err
+    return nvshmem.core
+
+
+def _initialised(core) -> bool:
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    load_nvidia_dynamic_lib("nvshmem_host")  # the status query needs the host library loaded
+    return core.init_status() >= core.InitStatus.STATUS_IS_INITIALIZED
+
+
+def init_nvshmem() -> None:
+    """Start NVSHMEM in this process over torch.distributed's world, unless
+    it already runs (an NVSHMEM job started by nvshmrun or MPI). Collective
+    over the world. Select the CUDA device first
+    (``torch.cuda.set_device(local_rank)``)."""
+    global _STARTED_HERE
+    core = _nvshmem()
+    if _initialised(core):
+        return
+    if not dist.is_initialized():
+        raise RuntimeError("init_nvshmem needs torch.distributed initialised (torchrun + init_process_group)")
+    if not torch.cuda.is_available():
+        raise RuntimeError("NVSHMEM needs a CUDA device; none is visible")
+    from cuda.core import Device
+
+    device = Device(torch.cuda.current_device())
+    device.set_current()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    uid = [core.get_unique_id(empty=rank != 0)]
+    dist.broadcast_object_list(uid, src=0)
+    core.init(device=device, uid=uid[0], rank=rank, nranks=world, initializer_method="uid")
+    _STARTED_HERE = True
+
+
+def finalize_nvshmem() -> None:
+    """End NVSHMEM in this process if ``init_nvshmem`` started it (after
+    every NvshmemGroup is destroyed). Collective over the world."""
+    global _STARTED_HERE
+    if _STARTED_HERE:
+        _nvshmem().finalize()
+        _STARTED_HERE = False
+
+
+def _stream():
+    return torch.cuda.current_stream()
+
+
+class NvshmemGroup:
+    """This process's rank of a DCP group of GPUs in one NVSHMEM job.
+
+    process_group: the DCP group's torch.distributed group (default: the
+    world). Its members, as world ranks, must be evenly strided (consecutive
+    ranks, or every TP-th one); each is the NVSHMEM PE of the same number.
+    Every world rank builds its own DCP group's NvshmemGroup at the same
+    point (the team split is collective over the world). ``exchange=
+    "all_gather"`` needs this group to be an NCCL group."""
+
+    shares_process = False
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
+        init_nvshmem()
+        core = _nvshmem()
+        self._core = core
+        self._pg = process_group
+        members = dist.get_process_group_ranks(process_group) if process_group is not None \
+            else list(range(dist.get_world_size()))
+        self._members = members
+        self._rank = members.index(dist.get_rank())
+        self._device = torch.device("cuda", torch.cuda.current_device())
+        self._team = self._split_team(members)
+        self._tensors: list[torch.Tensor] = []
+
+    def _split_team(self, members: list[int]):
+        """The NVSHMEM team of this DCP group: every world rank calls the
+        split of every DCP group, in one order, and keeps its own."""
+        core = self._core
+        world = dist.get_world_size()
+        if len(members) == world:
+            return core.Teams.TEAM_WORLD
+        every = [None] * world
+        dist.all_gather_object(every, members)
+        mine = None
+        for group in sorted({tuple(g) for g in every}):
+            stride = group[1] - group[0] if len(group) > 1 else 1
+            if list(group) != list(range(group[0], group[0] + stride * len(group), stride)):
+                raise ValueError(f"a DCP group's world ranks must be evenly strided, got {list(group)}")
+            team = core.team_split_strided(core.Teams.TEAM_WORLD, group[0], stride, len(group),
+                                           core.TeamConfig(), 0)
+            if list(group) == members:
+                mine = team
+        return mine
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return len(self._members)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def alloc_symmetric(self, shape: tuple[int, ...], dtype: torch.dtype) -> SymmetricTensor:
+        """Collective over the NVSHMEM job: zero-filled on every rank before
+        any peer can write it (a world barrier on the stream follows the fill)."""
+        core = self._core
+        count = 1
+        for size in shape:
+            count *= size
+        heap = core.tensor((max(1, count),), dtype=dtype)  # NVSHMEM refuses 0 bytes (W = 1 has no rescue slots)
+        self._tensors.append(heap)
+        local = heap[:count].view(shape)
+        local.zero_()
+        core.barrier_all(stream=_stream())
+        peers = []
+        for q, pe in enumerate(self._members):
+            if q == self._rank:
+                peers.append(local)
+                continue
+            try:
+                peers.append(core.get_peer_tensor(local, pe))
+            except Exception as err:  # nvshmem_ptr gave no address
+                raise RuntimeError(
+                    f"rank {self._rank}: DCP peer {q} (PE {pe}) has no load/store address "
+                    "(another node, or P2P is off); this build reaches peers by address only"
+                ) from err
+        ptrs = torch.tensor([p.data_ptr() for p in peers], dtype=torch.int64, device=self._device)
+        return SymmetricTensor(local, tuple(peers), ptrs)
+
+    def all_gather(self, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:
+        """[W, *tensor.shape] by NCCL ``all_gather_into_tensor`` on the
+        current stream (no host wait; NCCL's own timeout bounds it)."""
+        out = torch.empty((self.world_size, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+        dist.all_gather_into_tensor(out, tensor.contiguous(), group=self._pg)
+        return out
+
+    def barrier(self) -> None:
+        self._core.barrier(self._team, stream=_stream())
+        torch.cuda.current_stream().synchronize()
+
+    def destroy(self) -> None:
+        """Free this group's symmetric memory (newest first) and its team.
+        Collective; call after the last merge and before finalize_nvshmem."""
+        torch.cuda.synchronize()
+        self._core.barrier_all(stream=_stream())
+        torch.cuda.synchronize()
+        while self._tensors:
+            self._core.free_tensor(self._tensors.pop())
+        if self._team is not None and self._team != self._core.Teams.TEAM_WORLD:
+            self._core.team_destroy(self._team)
+        self._team = None

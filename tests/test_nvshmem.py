@@ -1,0 +1,53 @@
+"""The merge across GPUs through NVSHMEM (one process per GPU, started by
+launch.run_ranks with a hard timeout). Needs CUDA and nvshmem4py; W is the
+number of visible GPUs, at most 2 here (tests/gpu_worker.py runs any W)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from launch import TESTS, run_ranks
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA GPUs"),
+    pytest.mark.skipif(importlib.util.find_spec("nvshmem") is None, reason="needs nvshmem4py"),
+]
+WORLD = min(2, torch.cuda.device_count()) if torch.cuda.is_available() else 0
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+def _run(mode, exchange, timeout_s=400, world=WORLD):
+    results = run_ranks([str(TESTS / "gpu_worker.py"), mode, exchange], world, timeout_s, env=SAFE_ENV)
+    for r in results:
+        assert r.returncode is not None, f"rank {r.rank} hung:\n{r.output}"
+    return results
+
+
+@pytest.mark.parametrize("exchange", ["push", "all_gather"])
+def test_every_family_exact_on_gpus(exchange):
+    for r in _run("families", exchange):
+        assert r.returncode == 0 and f"rank {r.rank} ok 26" in r.output, r.output
+
+
+def test_graph_replays_exact_with_changing_inputs():
+    for r in _run("graph", "push"):
+        assert r.returncode == 0 and f"rank {r.rank} replays ok 1000" in r.output, r.output
+
+
+def test_soak_ten_thousand_merges():
+    for r in _run("soak", "push"):
+        assert r.returncode == 0 and f"rank {r.rank} soak ok 10000" in r.output, r.output
+
+
+def test_compiled_merge_exact_on_gpus():
+    for r in _run("compiled", "push"):
+        assert r.returncode == 0 and f"rank {r.rank} compiled ok" in r.output, r.output
+
+
+@pytest.mark.skipif(WORLD < 2, reason="a timeout needs a second GPU")
+def test_a_skipped_merge_raises_on_the_peer():
+    results = _run("timeout", "push", timeout_s=120)
+    assert "rank 1 skipped a merge" in results[1].output, results[1].output
+    assert results[0].returncode == 0 and "rank 0 raised after" in results[0].output, results[0].output
