@@ -157,7 +157,7 @@ class NvshmemGroup:
                 peers.append(local)
                 continue
             try:
-                peers.append(core.get_peer_tensor(local, pe))
+                peers.append(core.get_peer_tensor(heap, pe)[:count].view(shape))
             except Exception as err:  # nvshmem_ptr gave no address
                 raise RuntimeError(
                     f"rank {self._rank}: DCP peer {q} (PE {pe}) has no load/store address "
