@@ -23,6 +23,7 @@ import time
 import torch
 
 from . import format as fmt
+from ._backends import resolve_impl
 from .api import simulate_dcp_topk_merge
 from .baseline import generic_merge_compute
 from .testing import families, indexer_like_logits
@@ -69,20 +70,34 @@ def _demo_data(world_size: int, rows: int, local_len: int):
     return logits, row_ends
 
 
+def _distributed_group():
+    """This rank's group under torchrun: NVSHMEM on GPUs (one per process),
+    CPU shared memory otherwise."""
+    import torch.distributed as dist
+
+    from .groups.nvshmem import NvshmemGroup
+    from .groups.shm import ShmGroup
+
+    if not torch.cuda.is_available():
+        return ShmGroup.from_env()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("cpu:gloo,cuda:nccl")
+    return NvshmemGroup()
+
+
 def distributed_demo(args: argparse.Namespace) -> int:
     """One rank of the demo under torchrun: the real protocol across
-    processes (CPU shared memory), every rank checking the unsharded top-K."""
+    processes (NVSHMEM on GPUs, shared memory on CPUs), every rank checking
+    the unsharded top-K."""
     import torch.distributed as dist
 
     from .api import dcp_topk_merge, init_dcp_topk_merge
-    from .groups.shm import ShmGroup
+    from .groups.nvshmem import finalize_nvshmem
 
-    if torch.cuda.is_available():
-        raise SystemExit("the NVSHMEM group for GPUs is not built yet; run the demo on CPUs "
-                         "(CUDA_VISIBLE_DEVICES=) or without torchrun (simulated group)")
-    group = ShmGroup.from_env()
-    world_size, rank = group.world_size, group.rank
+    group = _distributed_group()
+    world_size, rank, device = group.world_size, group.rank, group.device
     logits, row_ends = _demo_data(world_size, args.rows, args.local_len)
+    mine, mine_ends = logits[rank].to(device), row_ends[rank].to(device)
     want = unsharded_topk(logits, row_ends, args.topk, 1)
     if rank == 0:
         print(f"{'W':>3} {'T':>4} {'S_local':>8} {'K':>5} {'N':>5} {'impl':>9} {'exchange':>10} {'ms':>8}  exact")
@@ -90,20 +105,23 @@ def distributed_demo(args: argparse.Namespace) -> int:
     for exchange in ("push", "all_gather"):
         ws = init_dcp_topk_merge(group, max_rows=args.rows, topk=args.topk, max_local_len=args.local_len,
                                  impl=args.impl, exchange=exchange)
-        ids = torch.empty(args.rows, args.topk, dtype=torch.int32)
-        dcp_topk_merge(logits[rank], row_ends[rank], ids, workspace=ws)  # warm-up
+        ids = torch.empty(args.rows, args.topk, dtype=torch.int32, device=device)
+        dcp_topk_merge(mine, mine_ends, ids, workspace=ws)  # warm-up (compiles the kernels)
         group.barrier()
         start = time.perf_counter()
-        dcp_topk_merge(logits[rank], row_ends[rank], ids, workspace=ws)
+        dcp_topk_merge(mine, mine_ends, ids, workspace=ws)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         ms = (time.perf_counter() - start) * 1e3
         exact = _exact(group.all_gather(ids, ws.timeout_s), want)
         failures += not exact
         if rank == 0:
             print(f"{world_size:>3} {args.rows:>4} {args.local_len:>8} {args.topk:>5} {ws.local_topk:>5} "
-                  f"{args.impl:>9} {exchange:>10} {ms:>8.1f}  {'yes' if exact else 'NO'}")
+                  f"{ws.impl:>9} {exchange:>10} {ms:>8.1f}  {'yes' if exact else 'NO'}")
         ws.destroy()
     group.barrier()  # no rank closes its connections while a peer is still in a collective
     group.destroy()
+    finalize_nvshmem()
     dist.destroy_process_group()
     return 1 if failures else 0
 
@@ -113,15 +131,20 @@ def demo(args: argparse.Namespace) -> int:
         return distributed_demo(args)
     print(f"{'W':>3} {'T':>4} {'S_local':>8} {'K':>5} {'N':>5} {'impl':>9} {'ms':>8}  exact")
     failures = 0
+    device = _device(None)
+    impl = resolve_impl(args.impl, device)
     for world_size in args.world_sizes:
         logits, row_ends = _demo_data(world_size, args.rows, args.local_len)
+        logits, row_ends = logits.to(device), row_ends.to(device)
         start = time.perf_counter()
-        ids = simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=args.impl)
+        ids = simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=impl)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         ms = (time.perf_counter() - start) * 1e3
         exact = _exact(ids, unsharded_topk(logits, row_ends, args.topk, 1))
         failures += not exact
         n = fmt.default_local_topk(args.topk, world_size)
-        print(f"{world_size:>3} {args.rows:>4} {args.local_len:>8} {args.topk:>5} {n:>5} {args.impl:>9} "
+        print(f"{world_size:>3} {args.rows:>4} {args.local_len:>8} {args.topk:>5} {n:>5} {impl:>9} "
               f"{ms:>8.1f}  {'yes' if exact else 'NO'}")
     return 1 if failures else 0
 
@@ -150,7 +173,7 @@ def info(args: argparse.Namespace) -> int:
     print(f"impl          {'triton' if gpus else 'reference'} by default"
           f"{'' if gpus else ('; triton available (TRITON_INTERPRET=1)' if interpret else '; triton needs TRITON_INTERPRET=1 here')}")
     print("groups        SimulatedGroup (any device); ShmGroup (CPU processes under torchrun); "
-          "NVSHMEM: not built yet")
+          "NvshmemGroup (GPUs under torchrun, peers by NVLink address)")
     print("exchange      push (default; stores through the peer table), all_gather (the group's collective)")
     return 0
 
@@ -264,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--rows", type=int, default=4)
     run.add_argument("--local-len", type=int, default=16384)
     run.add_argument("--topk", type=int, default=2048)
-    run.add_argument("--impl", default="reference", choices=["reference", "triton"])
+    run.add_argument("--impl", default=None, choices=["reference", "triton"],
+                     help="default: triton on GPUs, reference on CPUs")
     run.set_defaults(fn=demo)
     sub.add_parser("info", help="devices, versions, what the merge would use").set_defaults(fn=info)
     chk = sub.add_parser("check", help="the adversarial families against an unsharded top-K")
