@@ -21,9 +21,9 @@ The pack itself runs the walk over a short candidate list, not the row:
 Only the two block passes read the whole row, and they only compare; the
 histograms see the sample and the candidates."""
 
+import torch
 import triton
 import triton.language as tl
-import torch
 
 from .keys import is_nan_bits, ord16, score_bits
 
@@ -165,10 +165,10 @@ def estimate_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_
     bits = score_bits(logits_ptr + row * logits_stride + pos, inside)
     score = ord16(bits)
     valid = inside & ~is_nan_bits(bits)
-    # The top-N should put ``expected`` tokens in the sample. Asking for five
-    # standard deviations more makes a row that falls back to the whole-row
-    # walk (a sample that promised too much) about a one-in-a-million event
-    # (all N when the sample is the row: then tau is exact).
+    # The top-N should put ``expected`` tokens in the sample; asking for five
+    # (Poisson) standard deviations more keeps rows whose sample promised too
+    # much, and so fall back to the whole-row walk, rare. When the sample is
+    # the row, ask for N: tau is then exact.
     expected = N * tl.sum(inside.to(tl.float32), axis=0) / tl.maximum(end, 1).to(tl.float32)
     need = tl.where(stride == 1, N, tl.ceil(expected + 5.0 * tl.sqrt(expected)).to(tl.int32) + 4)
     high = _histogram(score, valid, 0, False)
@@ -206,7 +206,7 @@ def write_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_lim
                  BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
     block = tl.program_id(0)
     scratch = scratch_ptr + tl.program_id(1).to(tl.int64) * scratch_stride
-    if tl.load(scratch + 1 + block) > 0:  # most blocks of a long row hold no candidate
+    if tl.load(scratch + 1 + block) > 0:  # a block without candidates reads nothing more
         block, scratch, local, candidate = _block_candidates(logits_ptr, row_ends_ptr, scratch_ptr,
                                                              logits_stride, width_limit, scratch_stride, BLOCK)
         earlier = tl.arange(0, BLOCKS_P2)

@@ -102,3 +102,15 @@ def test_torchrun_demo_on_cpu():
     assert out.returncode == 0, out.stdout + out.stderr
     rows = [line for line in out.stdout.splitlines() if line.strip().startswith("2 ")]
     assert len(rows) == 2 and all(line.endswith("yes") for line in rows), out.stdout
+
+
+def test_merge_benchmark_script_runs_and_checks_exactness_on_cpu():
+    """scripts/bench_merge.py on CPU processes (ShmGroup, reference stages):
+    the script's orchestration, baseline and exactness column."""
+    script = TESTS.parent / "scripts" / "bench_merge.py"
+    results = run_ranks([str(script), "--cpu", "--rows", "2", "--widths", "3000", "--topk", "256", "--out",
+                         os.devnull], 2, 240)
+    for r in results:
+        assert r.returncode == 0, r.output
+    rows = [line.split() for line in results[0].output.splitlines() if line.strip().startswith("2 ")]
+    assert len(rows) == 1 and rows[0][-1] == "True", results[0].output
