@@ -15,8 +15,9 @@ The pack itself runs the walk over a short candidate list, not the row:
      order, after the candidates of the blocks before it;
   3. finish (a program per row): when the candidates hold the row's top-N
      (at least N of them, or tau = 0 so that every valid token is one; none
-     dropped for lack of room), the exact walk runs over them; otherwise over
-     the whole row. Either way the output is ``reference.pack``'s, bit for
+     dropped for lack of room), the same two histograms and compaction run
+     over them, held in registers; otherwise the exact walk runs over the
+     whole row. Either way the output is ``reference.pack``'s, bit for
      bit: tau decides how much work is done, never what is written.
 Only the two block passes read the whole row, and they only compare; the
 histograms see the sample and the candidates."""
@@ -29,18 +30,10 @@ from .keys import is_nan_bits, ord16, score_bits
 
 
 @triton.jit
-def _tile(in_row, cand_row, start, hi, FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
-    """Tokens [start, start + BLOCK) of the walk: of the row itself, or of its
-    candidate list (local ids at ``cand_row``). Returns (local id, ord16
-    score, valid: inside the walk and not NaN)."""
-    pos = start + tl.arange(0, BLOCK)
-    inside = pos < hi
-    if FROM_CANDIDATES:
-        local = tl.load(cand_row + pos, mask=inside, other=0)
-    else:
-        local = pos
+def _scores(in_row, local, inside):
+    """(ord16 score, valid: inside and not NaN) of the tokens ``local``."""
     bits = score_bits(in_row + local, inside)
-    return local, ord16(bits), inside & ~is_nan_bits(bits)
+    return ord16(bits), inside & ~is_nan_bits(bits)
 
 
 @triton.jit
@@ -58,12 +51,12 @@ def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
 
 
 @triton.jit
-def _walk_histogram(in_row, cand_row, hi, high_byte, SELECT_LOW: tl.constexpr,
-                    FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
+def _row_histogram(in_row, end, high_byte, SELECT_LOW: tl.constexpr, BLOCK: tl.constexpr):
     hist = tl.zeros((256,), dtype=tl.int32)
     start = 0
-    while start < hi:  # a while loop: the bound is a run-time scalar
-        _, score, valid = _tile(in_row, cand_row, start, hi, FROM_CANDIDATES, BLOCK)
+    while start < end:  # a while loop: the bound is a run-time scalar
+        local = start + tl.arange(0, BLOCK)
+        score, valid = _scores(in_row, local, local < end)
         hist += _histogram(score, valid, high_byte, SELECT_LOW)
         start += BLOCK
     return hist
@@ -100,20 +93,20 @@ def _zero_row(out_row, WORDS: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _walk(in_row, cand_row, hi, out_row, N: tl.constexpr, PLANES: tl.constexpr,
-          FROM_CANDIDATES: tl.constexpr, BLOCK: tl.constexpr):
-    """The exact top-N of the walk's tokens, written as a packed row."""
+def pack_row(in_row, end, out_row, N: tl.constexpr, PLANES: tl.constexpr, BLOCK: tl.constexpr):
+    """The exact walk: write the packed top-N of scores ``in_row[0:end]`` to
+    ``out_row`` (N + PLANES * N / 32 int32 words), in one program."""
     _zero_row(out_row, N + PLANES * (N // 32), BLOCK)
     tl.debug_barrier()
-    high = _walk_histogram(in_row, cand_row, hi, 0, False, FROM_CANDIDATES, BLOCK)
+    high = _row_histogram(in_row, end, 0, False, BLOCK)
     high_bucket, _ = _boundary(high, N)
-    low = _walk_histogram(in_row, cand_row, hi, high_bucket, True, FROM_CANDIDATES, BLOCK)
-    threshold, ties_taken = _threshold(high, low, N)
+    threshold, ties_taken = _threshold(high, _row_histogram(in_row, end, high_bucket, True, BLOCK), N)
     kept = tl.zeros((), dtype=tl.int32)
     ties_seen = tl.zeros((), dtype=tl.int32)
     start = 0
-    while start < hi:
-        local, score, valid = _tile(in_row, cand_row, start, hi, FROM_CANDIDATES, BLOCK)
+    while start < end:
+        local = start + tl.arange(0, BLOCK)
+        score, valid = _scores(in_row, local, local < end)
         kept, ties_seen = _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen, N, PLANES)
         start += BLOCK
 
@@ -138,13 +131,6 @@ def _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_see
 
 
 @triton.jit
-def pack_row(in_row, end, out_row, N: tl.constexpr, PLANES: tl.constexpr, BLOCK: tl.constexpr):
-    """Write the packed top-N of scores ``in_row[0:end]`` to ``out_row``
-    (N + PLANES * N / 32 int32 words), in one program."""
-    _walk(in_row, in_row, end, out_row, N, PLANES, False, BLOCK)
-
-
-@triton.jit
 def _row_end(row_ends_ptr, row, width_limit):
     return tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit)
 
@@ -162,9 +148,7 @@ def estimate_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_
     i = tl.arange(0, SAMPLE)
     pos = i * stride + i % stride  # one token from each stretch of ``stride``
     inside = pos < end
-    bits = score_bits(logits_ptr + row * logits_stride + pos, inside)
-    score = ord16(bits)
-    valid = inside & ~is_nan_bits(bits)
+    score, valid = _scores(logits_ptr + row * logits_stride, pos, inside)
     # The top-N should put ``expected`` tokens in the sample; asking for five
     # (Poisson) standard deviations more keeps rows whose sample promised too
     # much, and so fall back to the whole-row walk, rare. When the sample is
@@ -188,9 +172,8 @@ def _block_candidates(logits_ptr, row_ends_ptr, scratch_ptr, logits_stride, widt
     scratch = scratch_ptr + row * scratch_stride
     local = block * BLOCK + tl.arange(0, BLOCK // 128)[:, None] * 128 + tl.arange(0, 128)[None, :]
     inside = local < _row_end(row_ends_ptr, row, width_limit)
-    bits = score_bits(logits_ptr + row * logits_stride + local, inside)
-    candidate = inside & ~is_nan_bits(bits) & (ord16(bits) >= tl.load(scratch))
-    return block, scratch, local, candidate
+    score, valid = _scores(logits_ptr + row * logits_stride, local, inside)
+    return block, scratch, local, valid & (score >= tl.load(scratch))
 
 
 @triton.jit
@@ -229,7 +212,9 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
     total = tl.sum(tl.load(scratch + 1 + blocks, mask=blocks < BLOCKS, other=0), axis=0)
     complete = (total <= CAP) & ((total >= N) | (tl.load(scratch) == 0))
     if complete:  # every candidate fits one tile: loaded once, selected in registers
-        local, score, valid = _tile(in_row, scratch + 1 + BLOCKS, 0, total, True, CAP)
+        slot = tl.arange(0, CAP)
+        local = tl.load(scratch + 1 + BLOCKS + slot, mask=slot < total, other=0)
+        score, valid = _scores(in_row, local, slot < total)
         _zero_row(out_row, N + PLANES * (N // 32), 1024)
         high = _histogram(score, valid, 0, False)
         high_bucket, _ = _boundary(high, N)
@@ -238,7 +223,7 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
         zero = tl.zeros((), dtype=tl.int32)
         _compact(out_row, local, score, valid, threshold, ties_taken, zero, zero, N, PLANES)
     else:
-        _walk(in_row, in_row, _row_end(row_ends_ptr, row, width_limit), out_row, N, PLANES, False, ROW_BLOCK)
+        pack_row(in_row, _row_end(row_ends_ptr, row, width_limit), out_row, N, PLANES, ROW_BLOCK)
 
 
 SAMPLE = 2048
