@@ -73,16 +73,32 @@ def radix_choose(hist, need):
 def kth_largest(keys, k, KEY_BITS: tl.constexpr):
     """The k-th largest of the unique non-negative int64 ``keys`` (a 2-D
     tensor; 0 = empty), or 0 when fewer than k are non-zero: a radix select
-    over 8-bit digits, top digit first, one 256-bin histogram per digit."""
-    top: tl.constexpr = (KEY_BITS + 7) // 8 * 8
+    over 8-bit digits from bit KEY_BITS down, one 256-bin histogram per
+    digit. It stops early once every key left in the chosen bucket is taken
+    (then the k-th is the smallest of them): usually after the two digits of
+    the score and one of the id."""
     flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
-    prefix = tl.zeros((), dtype=tl.int64)
-    need = tl.full((), k, tl.int32)  # loop-carried: one type throughout
-    for d in range(top // 8):
-        shift = top - 8 - 8 * d
-        chosen, need = radix_choose(radix_digit_histogram(flat, prefix, shift), need)
+    present = flat != 0
+    bins = tl.arange(0, 256)
+    prefix = tl.zeros((), dtype=tl.int64)  # loop-carried values keep one type
+    need = tl.full((), k, tl.int32)
+    fixed = tl.full((), KEY_BITS, tl.int32)  # bits >= fixed are decided
+    smallest_taken = tl.zeros((), dtype=tl.int64)
+    while fixed > 0:
+        shift = tl.maximum(fixed - 8, 0)
+        match = present & ((flat >> fixed) == (prefix >> fixed))
+        digit = ((flat >> shift) & ((tl.full((), 1, tl.int64) << (fixed - shift)) - 1)).to(tl.int32)
+        hist = tl.histogram(tl.where(match, digit, 0), 256)
+        hist -= tl.where(bins == 0, tl.sum((~match).to(tl.int32), axis=0), 0)
+        chosen, need = radix_choose(hist, need)
         prefix |= chosen.to(tl.int64) << shift
-    return tl.where(tl.sum((flat != 0).to(tl.int32), axis=0) >= k, prefix, 0)
+        fixed = shift
+        if need == tl.sum(tl.where(bins == chosen, hist, 0), axis=0):
+            in_bucket = match & (digit == chosen)
+            smallest_taken = tl.min(tl.where(in_bucket, flat, 0x7FFFFFFFFFFFFFFF), axis=0)
+            fixed = tl.zeros((), dtype=tl.int32)
+    kth = tl.where(smallest_taken != 0, smallest_taken, prefix)
+    return tl.where(tl.sum(present.to(tl.int32), axis=0) >= k, kth, 0)
 
 
 @triton.jit
