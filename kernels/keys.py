@@ -75,8 +75,8 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr):
     tensor; 0 = empty), or 0 when fewer than k are non-zero: a radix select
     over 8-bit digits from bit KEY_BITS down, one 256-bin histogram per
     digit. It stops early once every key left in the chosen bucket is taken
-    (then the k-th is the smallest of them): usually after the two digits of
-    the score and one of the id."""
+    (then the k-th is the smallest of them): on indexer-like rows, mostly
+    after 3 or 4 of the 5 digits of a 33-bit key."""
     flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
     present = flat != 0
     bins = tl.arange(0, 256)

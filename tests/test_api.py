@@ -1,6 +1,8 @@
 """Per-rank API on the simulated group: stages, rows output, contract
 checker, and every validation error."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -261,3 +263,9 @@ def test_indexer_adapter_seed_call_shape_and_errors():
     indexer.destroy()
     with pytest.raises(RuntimeError, match="destroyed"):
         indexer.dcp_topk_merge(logits, ends, ids)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nvshmem") is not None, reason="nvshmem4py is installed here")
+def test_nvshmem_group_without_nvshmem4py_says_how_to_install_it():
+    with pytest.raises(ImportError, match=r"nvshmem-topk\[nvshmem\]"):
+        nt.NvshmemGroup()
