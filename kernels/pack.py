@@ -86,6 +86,15 @@ def _threshold(high, low, need):
 
 
 @triton.jit
+def _tile_threshold(score, valid, need):
+    """(threshold ord16, ties of it taken) of the ``need`` largest valid
+    scores of one tile held in registers."""
+    high = _histogram(score, valid, 0, False)
+    high_bucket, _ = _boundary(high, need)
+    return _threshold(high, _histogram(score, valid, high_bucket, True), need)
+
+
+@triton.jit
 def _zero_row(out_row, WORDS: tl.constexpr, BLOCK: tl.constexpr):
     for start in tl.range(0, WORDS, BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -155,9 +164,7 @@ def estimate_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_
     # the row, ask for N: tau is then exact.
     expected = N * tl.sum(inside.to(tl.float32), axis=0) / tl.maximum(end, 1).to(tl.float32)
     need = tl.where(stride == 1, N, tl.ceil(expected + 5.0 * tl.sqrt(expected)).to(tl.int32) + 4)
-    high = _histogram(score, valid, 0, False)
-    high_bucket, _ = _boundary(high, need)
-    tau, _ = _threshold(high, _histogram(score, valid, high_bucket, True), need)
+    tau, _ = _tile_threshold(score, valid, need)
     tl.store(scratch_ptr + row * scratch_stride, tau)
 
 
@@ -216,9 +223,7 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
         local = tl.load(scratch + 1 + BLOCKS + slot, mask=slot < total, other=0)
         score, valid = _scores(in_row, local, slot < total)
         _zero_row(out_row, N + PLANES * (N // 32), 1024)
-        high = _histogram(score, valid, 0, False)
-        high_bucket, _ = _boundary(high, N)
-        threshold, ties_taken = _threshold(high, _histogram(score, valid, high_bucket, True), N)
+        threshold, ties_taken = _tile_threshold(score, valid, N)
         tl.debug_barrier()
         zero = tl.zeros((), dtype=tl.int32)
         _compact(out_row, local, score, valid, threshold, ties_taken, zero, zero, N, PLANES)

@@ -22,19 +22,11 @@ import nvshmem_topk as nt
 from nvshmem_topk import _backends, api, reference
 from nvshmem_topk.baseline import generic_merge_compute
 from nvshmem_topk.format import default_local_topk, packed_row_words
+from timing import graphed, kernel_times
 
 
 def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # us
-
-
-def graphed(fn) -> torch.cuda.CUDAGraph:
-    fn()  # compiles, and allocates outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def main() -> None:
@@ -65,11 +57,13 @@ def main() -> None:
             pack = lambda: nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=131072,  # noqa: E731
                                             out=out, impl="triton")
             t_eager = bench(pack)
-            t_pack = bench(graphed(pack).replay)
+            pack_graph = graphed(pack)
+            t_pack = bench(pack_graph.replay)
             t_topk = bench(graphed(lambda: logits.topk(n, dim=1)).replay)
             exact = bool(torch.equal(out, reference.pack(logits, ends, n, 131072)))
             results["pack"].append(dict(T=rows, S=width, N=n, pack_graph_us=t_pack, pack_eager_us=t_eager,
-                                        torch_topk_graph_us=t_topk, exact=exact))
+                                        torch_topk_graph_us=t_topk, exact=exact,
+                                        kernels_us=kernel_times(pack_graph.replay)))
             save()
             print(f"{'':<14}{rows:>5}{width:>8}{t_pack:>9.1f}{t_eager:>9.1f}{t_topk:>9.1f}{t_topk / t_pack:>8.1f}x"
                   f"  exact={exact}")

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 import nvshmem_topk as nt
 from nvshmem_topk.format import default_local_topk, num_planes, packed_row_words
+from timing import graphed, kernel_times
 
 STAGES = {"estimate_kernel": "pack", "count_kernel": "pack", "write_kernel": "pack", "finish_kernel": "pack",
           "push_rows_kernel": "exchange", "select_kernel": "select", "rescue_kernel": "rescue"}
@@ -58,30 +59,12 @@ def timed(fn, device: torch.device, iters: int) -> float:
     return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
 
 
-def graphed(fn):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def stage_times(fn, iters: int = 20) -> dict:
-    """Device microseconds per stage of one call (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
+def stage_times(fn) -> dict:
+    """Device microseconds per stage of one call."""
     stages: dict[str, float] = {}
-    for event in prof.key_averages():
-        if event.self_device_time_total > 0:
-            stage = STAGES.get(event.key, "other")
-            stages[stage] = stages.get(stage, 0.0) + event.self_device_time_total / iters
+    for kernel, us in kernel_times(fn).items():
+        stage = STAGES.get(kernel, "other")
+        stages[stage] = stages.get(stage, 0.0) + us
     return stages
 
 
@@ -141,14 +124,14 @@ def main() -> None:
             want = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference")[rank]
             row["exact"] = bool(torch.equal(ids, want))
             if device.type == "cuda":
-                row["merge_graph_us"] = timed(graphed(merge), device, iters)
-                row["generic_graph_us"] = timed(graphed(generic), device, iters)
+                row["merge_graph_us"] = timed(graphed(merge).replay, device, iters)
+                row["generic_graph_us"] = timed(graphed(generic).replay, device, iters)
                 packed = torch.empty(rows, packed_row_words(n, num_planes(width)), dtype=torch.int32,
                                      device=device)
                 every = torch.empty((world * rows, packed.shape[1]), dtype=torch.int32, device=device)
                 row["nccl_all_gather_graph_us"] = timed(
-                    graphed(lambda: dist.all_gather_into_tensor(every, packed)), device, iters)
-                row["stages_us"] = stage_times(graphed(merge))
+                    graphed(lambda: dist.all_gather_into_tensor(every, packed)).replay, device, iters)
+                row["stages_us"] = stage_times(graphed(merge).replay)
             results["merge"].append(row)
             ws.destroy()
             if lead:
