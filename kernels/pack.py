@@ -16,11 +16,14 @@ The pack itself runs the walk over a short candidate list, not the row:
   3. finish (a program per row): when the candidates hold the row's top-N
      (at least N of them, or tau = 0 so that every valid token is one; none
      dropped for lack of room), the same two histograms and compaction run
-     over them, held in registers; otherwise the exact walk runs over the
-     whole row. Either way the output is ``reference.pack``'s, bit for
-     bit: tau decides how much work is done, never what is written.
+     over them, held in registers (or walked tile by tile when more than a
+     tile came); otherwise the exact walk runs over the whole row. Either
+     way the output is ``reference.pack``'s, bit for bit: tau decides how
+     much work is done, never what is written.
 Only the two block passes read the whole row, and they only compare; the
 histograms see the sample and the candidates."""
+
+import math
 
 import torch
 import triton
@@ -51,12 +54,26 @@ def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
 
 
 @triton.jit
-def _row_histogram(in_row, end, high_byte, SELECT_LOW: tl.constexpr, BLOCK: tl.constexpr):
+def _walk_tokens(in_row, list_ptr, start, count, FROM_LIST: tl.constexpr, BLOCK: tl.constexpr):
+    """Local ids of tokens [start, start + BLOCK) of a walk over ``count``
+    tokens (the candidate list at ``list_ptr``, or the row itself), and their
+    (ord16 score, valid)."""
+    i = start + tl.arange(0, BLOCK)
+    if FROM_LIST:
+        local = tl.load(list_ptr + i, mask=i < count, other=0)
+    else:
+        local = i
+    score, valid = _scores(in_row, local, i < count)
+    return local, score, valid
+
+
+@triton.jit
+def _walk_histogram(in_row, list_ptr, count, high_byte, SELECT_LOW: tl.constexpr, FROM_LIST: tl.constexpr,
+                    BLOCK: tl.constexpr):
     hist = tl.zeros((256,), dtype=tl.int32)
     start = 0
-    while start < end:  # a while loop: the bound is a run-time scalar
-        local = start + tl.arange(0, BLOCK)
-        score, valid = _scores(in_row, local, local < end)
+    while start < count:  # a while loop: the bound is a run-time scalar
+        _, score, valid = _walk_tokens(in_row, list_ptr, start, count, FROM_LIST, BLOCK)
         hist += _histogram(score, valid, high_byte, SELECT_LOW)
         start += BLOCK
     return hist
@@ -102,22 +119,31 @@ def _zero_row(out_row, WORDS: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def pack_row(in_row, end, out_row, N: tl.constexpr, PLANES: tl.constexpr, BLOCK: tl.constexpr):
-    """The exact walk: write the packed top-N of scores ``in_row[0:end]`` to
-    ``out_row`` (N + PLANES * N / 32 int32 words), in one program."""
+def _walk(in_row, list_ptr, count, out_row, N: tl.constexpr, PLANES: tl.constexpr, FROM_LIST: tl.constexpr,
+          BLOCK: tl.constexpr):
+    """Write the packed top-N of ``count`` tokens (the candidate list, in
+    ascending local id, or the row) to ``out_row``, in one program, BLOCK
+    tokens at a time: two histogram passes, then the ordered compaction."""
     _zero_row(out_row, N + PLANES * (N // 32), BLOCK)
     tl.debug_barrier()
-    high = _row_histogram(in_row, end, 0, False, BLOCK)
+    high = _walk_histogram(in_row, list_ptr, count, 0, False, FROM_LIST, BLOCK)
     high_bucket, _ = _boundary(high, N)
-    threshold, ties_taken = _threshold(high, _row_histogram(in_row, end, high_bucket, True, BLOCK), N)
+    low = _walk_histogram(in_row, list_ptr, count, high_bucket, True, FROM_LIST, BLOCK)
+    threshold, ties_taken = _threshold(high, low, N)
     kept = tl.zeros((), dtype=tl.int32)
     ties_seen = tl.zeros((), dtype=tl.int32)
     start = 0
-    while start < end:
-        local = start + tl.arange(0, BLOCK)
-        score, valid = _scores(in_row, local, local < end)
+    while start < count:
+        local, score, valid = _walk_tokens(in_row, list_ptr, start, count, FROM_LIST, BLOCK)
         kept, ties_seen = _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen, N, PLANES)
         start += BLOCK
+
+
+@triton.jit
+def pack_row(in_row, end, out_row, N: tl.constexpr, PLANES: tl.constexpr, BLOCK: tl.constexpr):
+    """The exact walk over the whole row: the packed top-N of scores
+    ``in_row[0:end]`` to ``out_row`` (N + PLANES * N / 32 int32 words)."""
+    _walk(in_row, in_row, end, out_row, N, PLANES, False, BLOCK)
 
 
 @triton.jit
@@ -145,7 +171,7 @@ def _row_end(row_ends_ptr, row, width_limit):
 
 
 # Scratch per row (int32): [0] tau, [1, 1 + BLOCKS) candidates per block,
-# then room for CAP candidate local ids.
+# then room for ROOM candidate local ids.
 
 
 @triton.jit
@@ -193,7 +219,7 @@ def count_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_lim
 
 @triton.jit
 def write_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
-                 BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
+                 BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, ROOM: tl.constexpr, BLOCK: tl.constexpr):
     block = tl.program_id(0)
     scratch = scratch_ptr + tl.program_id(1).to(tl.int64) * scratch_stride
     if tl.load(scratch + 1 + block) > 0:  # a block without candidates reads nothing more
@@ -204,29 +230,32 @@ def write_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_lim
         flag = candidate.to(tl.int32)
         per_line = tl.sum(flag, axis=1)
         pos = first + (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag
-        tl.store(scratch + 1 + BLOCKS + pos, local, mask=candidate & (pos < CAP))
+        tl.store(scratch + 1 + BLOCKS + pos, local, mask=candidate & (pos < ROOM))
 
 
 @triton.jit
 def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
                   N: tl.constexpr, PLANES: tl.constexpr, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                  CAP: tl.constexpr, ROW_BLOCK: tl.constexpr):
+                  TILE: tl.constexpr, ROOM: tl.constexpr, ROW_BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
+    candidates = scratch + 1 + BLOCKS
     in_row = logits_ptr + row * logits_stride
     out_row = out_ptr + row * (N + PLANES * (N // 32))
     blocks = tl.arange(0, BLOCKS_P2)
     total = tl.sum(tl.load(scratch + 1 + blocks, mask=blocks < BLOCKS, other=0), axis=0)
-    complete = (total <= CAP) & ((total >= N) | (tl.load(scratch) == 0))
-    if complete:  # every candidate fits one tile: loaded once, selected in registers
-        slot = tl.arange(0, CAP)
-        local = tl.load(scratch + 1 + BLOCKS + slot, mask=slot < total, other=0)
+    complete = (total <= ROOM) & ((total >= N) | (tl.load(scratch) == 0))
+    if complete & (total <= TILE):  # the common case: loaded once, selected in registers
+        slot = tl.arange(0, TILE)
+        local = tl.load(candidates + slot, mask=slot < total, other=0)
         score, valid = _scores(in_row, local, slot < total)
         _zero_row(out_row, N + PLANES * (N // 32), 1024)
         threshold, ties_taken = _tile_threshold(score, valid, N)
         tl.debug_barrier()
         zero = tl.zeros((), dtype=tl.int32)
         _compact(out_row, local, score, valid, threshold, ties_taken, zero, zero, N, PLANES)
+    elif complete:  # more candidates than one tile: walk the list
+        _walk(in_row, candidates, total, out_row, N, PLANES, True, TILE)
     else:
         pack_row(in_row, _row_end(row_ends_ptr, row, width_limit), out_row, N, PLANES, ROW_BLOCK)
 
@@ -234,13 +263,36 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
 SAMPLE = 2048
 FILTER_BLOCK = 2048
 FILTER_WARPS = 4
+FINISH_WARPS = 8
 ROW_BLOCK = 4096
 
 
-def candidate_room(local_topk: int) -> int:
-    """Candidates a row may have before it falls back to the whole-row walk
-    (a power of two: the finish holds them in one tile)."""
+def candidate_tile(local_topk: int) -> int:
+    """Candidates the finish holds in registers at once (a power of two)."""
     return triton.next_power_of_2(max(4096, 2 * local_topk))
+
+
+def candidate_room(local_topk: int) -> int:
+    """Candidates a row may have before it falls back to the whole-row walk.
+    Twice the tile: at large N/S (N = 1536 of 131072) the sample's margin
+    puts about 2.2N candidates in a row, close to one tile."""
+    return 2 * candidate_tile(local_topk)
+
+
+def sample_size(local_topk: int, width: int) -> int:
+    """Tokens the estimate samples from a row of ``width``: the fewest of
+    SAMPLE, 2 * SAMPLE, 4 * SAMPLE whose expected candidates (the estimate's
+    margin, ``need`` in ``estimate_kernel``, included) fill at most 3/4 of a
+    tile, so that rows rarely walk the list (N = 1536 of 131072 needs 4096);
+    the whole row when it is shorter."""
+    tile = candidate_tile(local_topk)
+    for sample in (SAMPLE, 2 * SAMPLE, 4 * SAMPLE):
+        if sample >= width:
+            return triton.next_power_of_2(max(width, 1))
+        expected = local_topk * sample / width
+        if width / sample * (expected + 5 * math.sqrt(expected) + 4) <= 0.75 * tile:
+            break
+    return sample
 
 
 def _planes(out, local_topk: int) -> int:
@@ -255,16 +307,17 @@ def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int) -> None:
         return
     limit = min(width, max_local_len)
     blocks = max(1, triton.cdiv(limit, FILTER_BLOCK))
-    cap = candidate_room(local_topk)
-    scratch = torch.empty((rows, 1 + blocks + cap), dtype=torch.int32, device=out.device)
+    tile, room = candidate_tile(local_topk), candidate_room(local_topk)
+    scratch = torch.empty((rows, 1 + blocks + room), dtype=torch.int32, device=out.device)
     args = (logits, row_ends, logits.stride(0), limit, scratch.stride(0))
     estimate_kernel[(rows,)](scratch, *args, N=local_topk,
-                             SAMPLE=min(SAMPLE, triton.next_power_of_2(max(limit, 1))), num_warps=8)
+                             SAMPLE=sample_size(local_topk, limit), num_warps=8)
     count_kernel[(blocks, rows)](scratch, *args, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS)
-    write_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCKS_P2=triton.next_power_of_2(blocks), CAP=cap,
+    write_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCKS_P2=triton.next_power_of_2(blocks), ROOM=room,
                                  BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS)
     finish_kernel[(rows,)](out, scratch, *args, N=local_topk, PLANES=_planes(out, local_topk), BLOCKS=blocks,
-                           BLOCKS_P2=triton.next_power_of_2(blocks), CAP=cap, ROW_BLOCK=ROW_BLOCK, num_warps=8)
+                           BLOCKS_P2=triton.next_power_of_2(blocks), TILE=tile, ROOM=room, ROW_BLOCK=ROW_BLOCK,
+                           num_warps=FINISH_WARPS)
 
 
 @triton.jit

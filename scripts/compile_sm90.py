@@ -42,15 +42,16 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
     outs = dict(EMIT_IDS=True, EMIT_ROWS=True, SORTED=False, INTERLEAVE=1, GID_BITS=gid_bits)
     rows = dict(logits_ptr=logits, row_ends_ptr=P32, logits_stride=I32, width_limit=I32, scratch_stride=I32)
     blocks = 32
-    cap = pack.candidate_room(local_topk)
+    tile, room = pack.candidate_tile(local_topk), pack.candidate_room(local_topk)
     yield (pack.estimate_kernel, sig(pack.estimate_kernel, scratch_ptr=P32, **rows),
            dict(N=local_topk, SAMPLE=pack.SAMPLE), 8)
     yield (pack.count_kernel, sig(pack.count_kernel, scratch_ptr=P32, **rows),
            dict(BLOCK=pack.FILTER_BLOCK), pack.FILTER_WARPS)
     yield (pack.write_kernel, sig(pack.write_kernel, scratch_ptr=P32, **rows),
-           dict(BLOCKS=blocks, BLOCKS_P2=blocks, CAP=cap, BLOCK=pack.FILTER_BLOCK), pack.FILTER_WARPS)
+           dict(BLOCKS=blocks, BLOCKS_P2=blocks, ROOM=room, BLOCK=pack.FILTER_BLOCK), pack.FILTER_WARPS)
     yield (pack.finish_kernel, sig(pack.finish_kernel, out_ptr=P32, scratch_ptr=P32, **rows),
-           dict(N=local_topk, PLANES=planes, BLOCKS=blocks, BLOCKS_P2=blocks, CAP=cap, ROW_BLOCK=pack.ROW_BLOCK), 8)
+           dict(N=local_topk, PLANES=planes, BLOCKS=blocks, BLOCKS_P2=blocks, TILE=tile, ROOM=room,
+                ROW_BLOCK=pack.ROW_BLOCK), 8)
     words = local_topk + planes * (local_topk // 32)
     yield (exchange.push_rows_kernel, sig(exchange.push_rows_kernel, packed_ptr=P32, epochs_ptr=P32,
                                           gather_ptrs=P64, flag_ptrs=P64, max_rows=I32, rank=I32),
@@ -64,7 +65,7 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
     yield (select.rescue_kernel,
            sig(select.rescue_kernel, **_OUTPUTS, **_ROWS, selected_ptr=P64, gather_ptr=P32, flags_ptr=P32,
                epochs_ptr=P32, recv_ptr=P32, max_rows=I32, rank=I32, max_spins=I32),
-           dict(common, TOPK_P2=_p2(topk), TILE=select.RESCUE_TILE, **outs), 8)
+           dict(common, WORLD_P2=_p2(world_size), TOPK_P2=_p2(topk), TILE=select.RESCUE_TILE, **outs), 8)
 
 
 def compile_one(kernel, signature, constexprs, num_warps) -> dict:

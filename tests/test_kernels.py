@@ -80,16 +80,19 @@ def test_k4096_with_saturation_matches_reference(world_size, width):
 
 
 @needs_triton
-@pytest.mark.parametrize("room", [None, 64])
-def test_pack_candidates_and_whole_row_walk_match_reference(monkeypatch, room):
+@pytest.mark.parametrize("tile,room", [(None, None), (32, 8192), (32, 64)])
+def test_pack_candidates_and_whole_row_walk_match_reference(monkeypatch, tile, room):
     """Rows of several blocks and a sampled estimate: ties at the threshold
-    straddle blocks; with little room for candidates (``room``) rows fall
-    back to the whole-row walk."""
+    straddle blocks. The candidates are held in one tile (default), walked
+    tile by tile (a small ``tile``), or, with little ``room`` for them, the
+    rows fall back to the whole-row walk."""
     from nvshmem_topk import reference
     from nvshmem_topk.kernels import pack
 
     monkeypatch.setattr(pack, "FILTER_BLOCK", 1024)
     monkeypatch.setattr(pack, "SAMPLE", 512)
+    if tile is not None:
+        monkeypatch.setattr(pack, "candidate_tile", lambda local_topk: tile)
     if room is not None:
         monkeypatch.setattr(pack, "candidate_room", lambda local_topk: room)
     device = "cuda" if not interpreted else "cpu"
