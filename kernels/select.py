@@ -17,20 +17,23 @@ import triton.language as tl
 from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest,
                    radix_choose, radix_digit_histogram)
 from .pack import pack_row
-from .sync import record_timeout, release_flag, wait_flag_at_least
+from .sync import record_timeout, release_flag, wait_flags_at_least
 
 _INT64_MAX = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
 
 @triton.jit
-def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr, WORLD: tl.constexpr):
-    """Wait for flags_ptr[q * max_rows + row] >= epoch for every q in need_mask."""
-    ok = True
-    for q in tl.static_range(WORLD):
-        if ok & (((need_mask >> q) & 1) != 0):
-            if not wait_flag_at_least(flags_ptr + q * max_rows + row, epoch, max_spins):
-                record_timeout(status_ptr, row.to(tl.int32), q, epoch)
-                ok = False
+def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr, WORLD: tl.constexpr,
+              WORLD_P2: tl.constexpr):
+    """Wait for flags_ptr[q * max_rows + row] >= epoch for every q in
+    need_mask; on a timeout record the lowest rank not seen."""
+    q = tl.arange(0, WORLD_P2)
+    needed = (q < WORLD) & (((need_mask >> q) & 1) != 0)
+    seen = wait_flags_at_least(flags_ptr + q * max_rows + row, needed, epoch, max_spins)
+    late = tl.min(tl.where(seen, WORLD, q), axis=0)
+    ok = late == WORLD
+    if not ok:
+        record_timeout(status_ptr, row.to(tl.int32), late, epoch)
     return ok
 
 
@@ -47,7 +50,7 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
     words: tl.constexpr = N + PLANES * (N // 32)
     push_words: tl.constexpr = TOPK + PLANES * (TOPK // 32)
     epoch = tl.load(epochs_ptr + row) + 1
-    if _wait_all(flags_ptr, (1 << WORLD) - 1, row, epoch, max_rows, max_spins, status_ptr, WORLD):
+    if _wait_all(flags_ptr, (1 << WORLD) - 1, row, epoch, max_rows, max_spins, status_ptr, WORLD, WORLD_P2):
         sender = tl.arange(0, WORLD_P2)
         slot = tl.arange(0, N_P2)[None, :]
         owner = sender[:, None]
@@ -112,7 +115,7 @@ def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_pt
                   req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows,
                   rows_stride, max_rows, rank, max_spins,
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
-                  WORLD: tl.constexpr, TOPK_P2: tl.constexpr, TILE: tl.constexpr,
+                  WORLD: tl.constexpr, WORLD_P2: tl.constexpr, TOPK_P2: tl.constexpr, TILE: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
                   EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr):
     """The candidates (up to W * max(N, K)) are streamed rank by rank in
@@ -125,7 +128,8 @@ def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_pt
     mask = sat >> SAT_MASK_SHIFT
     ok = True
     if mask != 0:
-        ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD)
+        ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD,
+                           WORLD_P2)
         if ok:
             kappa = sat & SAT_KAPPA_MASK
             segment: tl.constexpr = max(N, TOPK)
@@ -211,5 +215,5 @@ def rescue(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, r
     rescue_kernel[(num_rows,)](
         out[0], out[1], out[2], sat, status, selected, gather, flags, epochs, recv, *out[3:], max_rows, rank,
         max_spins, TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(slots, 1), WORLD=world_size,
-        TOPK_P2=_p2(topk), TILE=RESCUE_TILE, INTERLEAVE=interleave, GID_BITS=gid_bits,
+        WORLD_P2=_p2(world_size), TOPK_P2=_p2(topk), TILE=RESCUE_TILE, INTERLEAVE=interleave, GID_BITS=gid_bits,
         EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, num_warps=8)

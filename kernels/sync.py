@@ -2,12 +2,14 @@
 
 Release: every thread's payload stores, a CTA barrier, then one system-scope
 release exchange of the flag (the release orders the barrier-ordered stores
-of the whole block before the flag). Acquire: a system-scope acquire read of
-the flag before any payload read. Waits are bounded by a spin count; the
-caller turns a miss into a status record, never a hang. Flags are polled with
-scalar atomics, which Triton lowers to one thread's atomic (predicated on
-thread 0) with the result broadcast through shared memory: one thread polls,
-not the whole block."""
+of the whole block before the flag). Acquire: system-scope acquire reads of
+the flags before any payload read; the reduction over what they saw crosses
+a CTA barrier before the payload is read. Waits are bounded by a spin count;
+the caller turns a miss into a status record, never a hang. Each flag is
+polled by the one thread that holds it (Triton masks a tensor atomic's
+replicated lanes), all of a row's flags at once: one memory round trip per
+poll, not one per peer.
+"""
 
 import triton
 import triton.language as tl
@@ -20,20 +22,20 @@ def release_flag(flag_ptr, value):
 
 
 @triton.jit
-def acquire_flag(flag_ptr):
-    return tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-
-
-@triton.jit
-def wait_flag_at_least(flag_ptr, epoch, max_spins):
-    """Poll until flag >= epoch (a peer may already be one epoch ahead, so
-    never ==). Returns True on success, False after ``max_spins`` polls."""
-    value = acquire_flag(flag_ptr)
+def wait_flags_at_least(flag_ptrs, needed, epoch, max_spins):
+    """Poll the flags ``flag_ptrs`` (a 1-D tensor of pointers; ``needed``
+    says which count) until each is >= epoch (a peer may already be one epoch
+    ahead, so never ==). Each flag is read by one thread's system-scope
+    acquire, all of them at once; flags already seen are not read again.
+    Returns which flags were seen, after at most ``max_spins`` rounds."""
+    value = tl.atomic_add(flag_ptrs, 0, mask=needed, sem="acquire", scope="sys")
+    seen = ~needed | (value >= epoch)
     spins = 0
-    while (value < epoch) & (spins < max_spins):
-        value = acquire_flag(flag_ptr)
+    while (tl.min(seen.to(tl.int32), axis=0) == 0) & (spins < max_spins):
+        value = tl.atomic_add(flag_ptrs, 0, mask=~seen, sem="acquire", scope="sys")
+        seen = seen | (value >= epoch)
         spins += 1
-    return value >= epoch
+    return seen
 
 
 @triton.jit
