@@ -102,7 +102,8 @@ def distributed_demo(args: argparse.Namespace) -> int:
     if rank == 0:
         print(f"{'W':>3} {'T':>4} {'S_local':>8} {'K':>5} {'N':>5} {'impl':>9} {'exchange':>10} {'ms':>8}  exact")
     failures = 0
-    for exchange in ("push", "all_gather"):
+    exchanges = ("push", "all_gather", "fcollect") if hasattr(group, "fcollect") else ("push", "all_gather")
+    for exchange in exchanges:
         ws = init_dcp_topk_merge(group, max_rows=args.rows, topk=args.topk, max_local_len=args.local_len,
                                  impl=args.impl, exchange=exchange)
         ids = torch.empty(args.rows, args.topk, dtype=torch.int32, device=device)
@@ -174,7 +175,8 @@ def info(args: argparse.Namespace) -> int:
           f"{'' if gpus else ('; triton available (TRITON_INTERPRET=1)' if interpret else '; triton needs TRITON_INTERPRET=1 here')}")
     print("groups        SimulatedGroup (any device); ShmGroup (CPU processes under torchrun); "
           "NvshmemGroup (GPUs under torchrun, peers by NVLink address)")
-    print("exchange      push (default; stores through the peer table), all_gather (the group's collective)")
+    print("exchange      push (default; stores through the peer table), all_gather (the group's collective), "
+          "fcollect (NVSHMEM; NvshmemGroup only)")
     return 0
 
 
@@ -248,11 +250,13 @@ def bench(args: argparse.Namespace) -> int:
             f.writelines(f"{r['W']},{r['T']},{r['S']},{r['K']},{r['impl']},{r['device']},{r['merge_ms']:.4f},"
                          f"{r['generic_ms']:.4f}\n" for r in results)
     if args.plot:
-        _plot(results, args.plot)
+        _plot(results, args.plot, f"simulated merge, W={args.world_size}, K={args.topk}, {args.impl} on {device}")
     return 0
 
 
-def _plot(results: list[dict], path: str) -> None:
+def _plot(results: list[dict], path: str, title: str) -> None:
+    """Latency vs T and vs S_local, the merge beside the generic merge
+    (records with T, S, merge_ms, generic_ms)."""
     if importlib.util.find_spec("matplotlib") is None:
         raise SystemExit("--plot needs matplotlib (pip install matplotlib)")
     import matplotlib
@@ -272,8 +276,7 @@ def _plot(results: list[dict], path: str) -> None:
         ax.set_xlabel(label)
         ax.set_ylabel("ms (median)")
         ax.legend(fontsize=7)
-    r0 = results[0]
-    fig.suptitle(f"simulated merge, W={r0['W']}, K={r0['K']}, {r0['impl']} on {r0['device']}")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 

@@ -14,7 +14,7 @@ from .groups.simulated import SimulatedGroup
 from .workspace import DcpTopkWorkspace
 
 _LOGIT_DTYPES = (torch.bfloat16, torch.float32)
-EXCHANGES = ("push", "all_gather")
+EXCHANGES = ("push", "all_gather", "fcollect")
 
 
 # ------------------------------------------------------------ validation
@@ -115,7 +115,11 @@ def init_dcp_topk_merge(
     largest local length any row_ends will declare (sets the bit planes,
     at most 2^20); local_topk: N, default ``default_local_topk(K, W)``;
     interleave: I, tokens per rank in a run; impl: "triton" (default on
-    CUDA) or "reference" (default on CPU); timeout_s: bound of every wait."""
+    CUDA) or "reference" (default on CPU); exchange: how round-1 rows travel,
+    "push" (Triton stores into every peer's buffer, bounded waits; the
+    default and the fastest measured), "all_gather" (NCCL) or "fcollect"
+    (NVSHMEM's, NvshmemGroup only; its wait is unbounded); timeout_s: bound
+    of every wait."""
     if not isinstance(group, DcpGroup):
         raise TypeError(f"group must implement DcpGroup, got {type(group).__name__}")
     world_size = group.world_size
@@ -130,6 +134,8 @@ def init_dcp_topk_merge(
         raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
     if exchange == "all_gather" and group.shares_process:
         raise ValueError("exchange='all_gather' needs one process per rank; a simulated group uses 'push'")
+    if exchange == "fcollect" and not hasattr(group, "fcollect"):
+        raise ValueError(f"exchange='fcollect' needs an NvshmemGroup, got {type(group).__name__}")
     return DcpTopkWorkspace(
         group, max_rows=max_rows, topk=topk, local_topk=local_topk, max_local_len=max_local_len,
         interleave=interleave, impl=resolve_impl(impl, group.device), exchange=exchange,
@@ -240,19 +246,26 @@ def dcp_topk_rescue(
 
 def _exchange(ws: DcpTopkWorkspace, impl, packed: torch.Tensor) -> None:
     """Round-1 rows of every rank into this rank's gather buffer (this
-    epoch's parity) and its flags raised, by push or by the group's
-    all-gather."""
+    epoch's parity) and its flags raised: by push, or by a collective
+    (NCCL all-gather, NVSHMEM fcollect) whose result is copied in."""
     if ws.exchange == "push":
         impl.push_rows(ws, packed)
         return
     rows = packed.shape[0]
     epochs = ws.epochs[:rows] + 1
     index = torch.arange(rows, device=ws.device)
-    try:
-        gathered = ws.group.all_gather(packed, ws.timeout_s)
-    except TimeoutError:
-        ws.record_timeout(0, -1, -1)
-        ws.check()
+    if ws.exchange == "fcollect":
+        src = ws.collect_src.local[:rows]
+        if packed.data_ptr() != src.data_ptr():
+            src.copy_(packed)
+        gathered = ws.collect_dst.local[: ws.world_size * src.numel()].view(ws.world_size, rows, ws.row_words)
+        ws.group.fcollect(gathered, src)
+    else:
+        try:
+            gathered = ws.group.all_gather(packed, ws.timeout_s)
+        except TimeoutError:
+            ws.record_timeout(0, -1, -1)
+            ws.check()
     ws.gather.local[(epochs & 1).long(), :, index] = gathered.transpose(0, 1)
     ws.flags.local[0, :, :rows] = epochs
 
@@ -264,8 +277,9 @@ def _run_merge(workspaces, logits, row_ends, outputs, rows: int, packed=None) ->
     impls = [backend(ws.impl) for ws in workspaces]
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):
         mine = packed[r] if packed is not None else None
-        if mine is None:
-            mine = torch.empty((rows, ws.row_words), dtype=torch.int32, device=ws.device)
+        if mine is None:  # fcollect reads symmetric memory: pack straight into it
+            mine = ws.collect_src.local[:rows] if ws.exchange == "fcollect" else \
+                torch.empty((rows, ws.row_words), dtype=torch.int32, device=ws.device)
             impl.pack(logits[r][:rows], row_ends[r][:rows], mine, local_topk=ws.local_topk,
                       max_local_len=ws.max_local_len)
         _exchange(ws, impl, mine)

@@ -154,6 +154,8 @@ def _ws(**kw):
     (dict(max_local_len=(1 << 20) + 1), ValueError, "max_local_len must be in \\[1, 1048576\\]"),
     (dict(timeout_s=0), ValueError, "timeout_s must be > 0"),
     (dict(topk=100), ValueError, "topk must be"),
+    (dict(exchange="nccl"), ValueError, "exchange must be one of \\('push', 'all_gather', 'fcollect'\\)"),
+    (dict(exchange="fcollect"), ValueError, "exchange='fcollect' needs an NvshmemGroup, got SimulatedRank"),
 ])
 def test_init_rejects_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -25,14 +25,15 @@ def _run(mode, exchange, timeout_s=400, world=WORLD):
     return results
 
 
-@pytest.mark.parametrize("exchange", ["push", "all_gather"])
+@pytest.mark.parametrize("exchange", ["push", "all_gather", "fcollect"])
 def test_every_family_exact_on_gpus(exchange):
     for r in _run("families", exchange):
         assert r.returncode == 0 and f"rank {r.rank} ok 26" in r.output, r.output
 
 
-def test_graph_replays_exact_with_changing_inputs():
-    for r in _run("graph", "push"):
+@pytest.mark.parametrize("exchange", ["push", "fcollect"])
+def test_graph_replays_exact_with_changing_inputs(exchange):
+    for r in _run("graph", exchange):
         assert r.returncode == 0 and f"rank {r.rank} replays ok 1000" in r.output, r.output
 
 

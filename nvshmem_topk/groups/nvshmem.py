@@ -90,7 +90,8 @@ class NvshmemGroup:
     ranks, or every TP-th one); each is the NVSHMEM PE of the same number.
     Every world rank builds its own DCP group's NvshmemGroup at the same
     point (the team split is collective over the world). ``exchange=
-    "all_gather"`` needs this group to be an NCCL group."""
+    "all_gather"`` needs this group to be an NCCL group; ``exchange=
+    "fcollect"`` uses the team."""
 
     shares_process = False
 
@@ -172,6 +173,22 @@ class NvshmemGroup:
         out = torch.empty((self.world_size, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
         dist.all_gather_into_tensor(out, tensor.contiguous(), group=self._pg)
         return out
+
+    def fcollect(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """NVSHMEM ``fcollect`` over this group's team on the current stream:
+        ``dst`` [W, *src.shape] gets every rank's ``src``, by rank. Both int32,
+        contiguous, and at the same offsets of symmetric allocations on every
+        rank. Its wait is NVSHMEM's own: unbounded (a dead peer stalls the
+        stream)."""
+        from nvshmem import bindings
+
+        if src.dtype != torch.int32 or dst.dtype != torch.int32:
+            raise TypeError(f"fcollect moves int32, got {src.dtype} -> {dst.dtype}")
+        if dst.numel() != self.world_size * src.numel() or not (src.is_contiguous() and dst.is_contiguous()):
+            raise ValueError(f"fcollect needs contiguous dst of {self.world_size} x src, "
+                             f"got {tuple(dst.shape)} and {tuple(src.shape)}")
+        bindings.int32_fcollect_on_stream(self._team, dst.data_ptr(), src.data_ptr(), src.numel(),
+                                          _stream().cuda_stream)
 
     def barrier(self) -> None:
         self._core.barrier(self._team, stream=_stream())
