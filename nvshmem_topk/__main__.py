@@ -23,9 +23,10 @@ import time
 import torch
 
 from . import format as fmt
-from ._backends import resolve_impl
-from .api import simulate_dcp_topk_merge
+from ._backends import Outputs, resolve_impl
+from .api import _run_merge, init_dcp_topk_merge, simulate_dcp_topk_merge
 from .baseline import generic_merge_compute
+from .groups.simulated import SimulatedGroup
 from .testing import families, indexer_like_logits
 
 
@@ -222,20 +223,55 @@ def _median_ms(fn, device: torch.device, reps: int) -> float:
     return statistics.median(times)
 
 
+GRAPH_CALLS = 10
+
+
+def _graph_ms(fn, reps: int) -> float:
+    """Median milliseconds of one call of ``fn`` replayed from a CUDA graph
+    of GRAPH_CALLS calls (one call's graph would time the host's launch)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    return _median_ms(graph.replay, torch.device("cuda"), reps) / GRAPH_CALLS
+
+
+def _simulated_merge(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, impl: str):
+    """(merge, destroy): the whole simulated merge on workspaces built once,
+    so that it can be captured in a CUDA graph."""
+    world_size, rows, width = logits.shape
+    group = SimulatedGroup(world_size, logits.device)
+    workspaces = [init_dcp_topk_merge(g, max_rows=rows, topk=topk, max_local_len=width, impl=impl)
+                  for g in group.ranks]
+    ids = torch.empty(world_size, rows, topk, dtype=torch.int32, device=logits.device)
+    outputs = [Outputs(ids[r], None, False) for r in range(world_size)]
+    return (lambda: _run_merge(workspaces, list(logits), list(row_ends), outputs, rows)), group.destroy
+
+
 def bench(args: argparse.Namespace) -> int:
     device = _device(args.device)
     grid = [(rows, width) for rows in args.rows for width in args.widths]
     results = []
+    graphs = device.type == "cuda"
+    timing = f"CUDA-graph replays of {GRAPH_CALLS} calls" if graphs else "eager calls"
     print(f"# simulated merge, W={args.world_size}, K={args.topk}, impl={args.impl}, {device}; medians of "
-          f"{args.reps} (ms)", file=sys.stderr)
+          f"{args.reps} {timing} (ms)", file=sys.stderr)
     for i, (rows, width) in enumerate(grid, 1):
         logits = indexer_like_logits((args.world_size, rows, width), torch.Generator().manual_seed(i)).to(device)
         row_ends = torch.full((args.world_size, rows), width, dtype=torch.int32, device=device)
-        merge = _median_ms(lambda: simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=args.impl),
-                           device, args.reps)
-        generic = _median_ms(lambda: generic_merge_compute(logits, args.topk), device, args.reps)
+        if graphs:  # eager GPU timings would measure Python launches (W ranks x 7 kernels)
+            run, destroy = _simulated_merge(logits, row_ends, args.topk, args.impl)
+            merge = _graph_ms(run, args.reps)
+            destroy()
+            generic = _graph_ms(lambda: generic_merge_compute(logits, args.topk), args.reps)
+        else:
+            merge = _median_ms(lambda: simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=args.impl),
+                               device, args.reps)
+            generic = _median_ms(lambda: generic_merge_compute(logits, args.topk), device, args.reps)
         results.append(dict(W=args.world_size, T=rows, S=width, K=args.topk, impl=args.impl, device=str(device),
-                            merge_ms=merge, generic_ms=generic))
+                            cuda_graph=graphs, merge_ms=merge, generic_ms=generic))
         print(f"[{i}/{len(grid)}] T={rows} S={width}: merge {merge:.2f} ms, generic {generic:.2f} ms",
               file=sys.stderr, flush=True)
     print(f"{'T':>5}{'S_local':>9}{'merge ms':>11}{'generic ms':>12}")
@@ -260,19 +296,23 @@ def _plot(results: list[dict], path: str, title: str) -> None:
     if importlib.util.find_spec("matplotlib") is None:
         raise SystemExit("--plot needs matplotlib (pip install matplotlib)")
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, (x_key, line_key, label) in zip(axes, (("T", "S", "T (rows)"), ("S", "T", "S_local (tokens per rank)"))):
-        for line in sorted({r[line_key] for r in results}):
+        for i, line in enumerate(sorted({r[line_key] for r in results})):
             pts = sorted((r[x_key], r["merge_ms"], r["generic_ms"]) for r in results if r[line_key] == line)
             xs = [p[0] for p in pts]
-            ax.plot(xs, [p[1] for p in pts], "o-", label=f"nvshmem_topk, {line_key}={line}")
-            ax.plot(xs, [p[2] for p in pts], "x--", label=f"generic merge, {line_key}={line}")
+            ax.plot(xs, [p[1] for p in pts], "o-", color=f"C{i}", label=f"nvshmem_topk, {line_key}={line}")
+            ax.plot(xs, [p[2] for p in pts], "x--", color=f"C{i}", label=f"generic merge, {line_key}={line}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        plain = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
         ax.set_xlabel(label)
         ax.set_ylabel("ms (median)")
         ax.legend(fontsize=7)

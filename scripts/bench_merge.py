@@ -4,16 +4,19 @@
     torchrun --nproc-per-node 2 scripts/bench_merge.py --cpu --rows 2 --widths 4096   (CPU smoke run)
 
 Per (T, S_local), K = 2048, N = default_local_topk(K, W):
-  merge      dcp_topk_merge on this rank's shard, eager and replayed from a
-             CUDA graph (medians of per-call CUDA-event timings; every rank
-             runs the same loop, the flags keep them in step);
-  stages     device time per stage from torch.profiler over graph replays
-             (pack = estimate + count + write + finish kernels);
+  merge      dcp_topk_merge on this rank's shard (medians of per-call CUDA-event
+             timings; every rank runs the same loop, the flags keep them in
+             step): eager with the push exchange, and replayed from a CUDA
+             graph of CALLS_PER_GRAPH merges with each exchange (push, NCCL
+             all_gather, NVSHMEM fcollect), per merge;
+  stages     device time per stage of the push merge from torch.profiler over
+             graph replays (pack = estimate + count + write + finish kernels;
+             select includes its wait for the peer's rows);
   generic    local torch.topk(k=K), 8-byte (fp32 score bits << 32 | global
              id) pairs all-gathered by NCCL (W*K*8 bytes per row), top-K over
              the W*K pairs; eager and graph;
-  exchange   NCCL all_gather_into_tensor of this library's round-1 bytes
-             (W*(N + P*N/32)*4 per row), in a graph, beside the push kernel.
+  exchange   the round-1 rows alone (W*(N + P*N/32)*4 bytes per row), in a
+             graph: the push kernel, NCCL all_gather_into_tensor, fcollect.
 Every merge's ids are checked against the reference merge of the same
 global logits (each rank builds them from one seed and keeps its shard)."""
 
@@ -36,8 +39,12 @@ STAGES = {"estimate_kernel": "pack", "count_kernel": "pack", "write_kernel": "pa
           "push_rows_kernel": "exchange", "select_kernel": "select", "rescue_kernel": "rescue"}
 
 
-def timed(fn, device: torch.device, iters: int) -> float:
-    """Median microseconds of one call, after warm-up, every rank together."""
+CALLS_PER_GRAPH = 10
+
+
+def timed(fn, device: torch.device, iters: int, calls: int = 1) -> float:
+    """Median microseconds of one call of ``fn`` (which makes ``calls``
+    calls), after warm-up, every rank together."""
     for _ in range(5):
         fn()
     if device.type == "cuda":
@@ -49,14 +56,20 @@ def timed(fn, device: torch.device, iters: int) -> float:
             start = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - start) * 1e6)
-        return statistics.median(samples)
+        return statistics.median(samples) / calls
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     for start, end in events:
         start.record()
         fn()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events) / calls
+
+
+def graph_timed(fn, device: torch.device, iters: int) -> float:
+    """Median microseconds of one call of ``fn`` replayed from a CUDA graph of
+    CALLS_PER_GRAPH calls."""
+    return timed(graphed(fn, CALLS_PER_GRAPH).replay, device, iters, CALLS_PER_GRAPH)
 
 
 def stage_times(fn) -> dict:
@@ -103,48 +116,69 @@ def main() -> None:
     lead = rank == 0
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                "world_size": world, "topk": k, "local_topk": n, "merge": []}
+    exchanges = ("push",) if args.cpu else ("push", "all_gather", "fcollect")
     if lead:
-        print(f"# {results['device']} x{world}  K={k} N={n}  medians (us) over {iters} calls per rank")
-        print(f"{'T':>5}{'S':>8}{'eager':>9}{'graph':>9}{'generic':>9}{'gen graph':>10}{'speedup':>9}"
-              f"{'pack':>8}{'push':>8}{'select':>8}{'rescue':>8}{'nccl ag':>9}  exact")
+        print(f"# {results['device']} x{world}  K={k} N={n}  medians (us) over {iters} calls per rank;"
+              " graph = CUDA-graph replay; stages of the push merge from torch.profiler")
+        print(f"{'T':>5}{'S':>8}{'eager':>8}{'graph':>8}{'ag':>7}{'fcol':>7}{'generic':>9}{'gen gr':>8}"
+              f"{'speedup':>9}{'pack':>7}{'push':>7}{'select':>8}{'rescue':>8}"
+              f"{'x push':>8}{'x nccl':>8}{'x fcol':>8}  exact")
     for rows in args.rows:
         for width in args.widths:
             gen = torch.Generator(device=device).manual_seed(rows * width)  # the same on every rank
             logits = torch.randn(world, rows, width, device=device, generator=gen).bfloat16()
             ends = torch.full((world, rows), width, dtype=torch.int32, device=device)
             x, x_ends = logits[rank].contiguous(), ends[rank].contiguous()
-            ws = nt.init_dcp_topk_merge(group, max_rows=rows, topk=k, local_topk=n, max_local_len=width,
-                                        impl=impl, timeout_s=30)
-            ids = torch.empty(rows, k, dtype=torch.int32, device=device)
-            merge = lambda: nt.dcp_topk_merge(x, x_ends, ids, workspace=ws)  # noqa: E731
-            generic = lambda: generic_merge(x, k, rank, world)  # noqa: E731
-            row = dict(T=rows, S=width, merge_eager_us=timed(merge, device, iters),
-                       generic_eager_us=timed(generic, device, iters))
-            merge()
             want = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference")[rank]
-            row["exact"] = bool(torch.equal(ids, want))
+            ids = torch.empty(rows, k, dtype=torch.int32, device=device)
+            generic = lambda: generic_merge(x, k, rank, world)  # noqa: E731
+            row = dict(T=rows, S=width, generic_eager_us=timed(generic, device, iters), merge_graph_us={},
+                       exact={}, exchange_graph_us={})
+            for exchange in exchanges:
+                ws = nt.init_dcp_topk_merge(group, max_rows=rows, topk=k, local_topk=n, max_local_len=width,
+                                            impl=impl, exchange=exchange, timeout_s=30)
+                merge = lambda: nt.dcp_topk_merge(x, x_ends, ids, workspace=ws)  # noqa: E731
+                if exchange == "push":
+                    row["merge_eager_us"] = timed(merge, device, iters)
+                ids.fill_(-2)
+                merge()
+                row["exact"][exchange] = bool(torch.equal(ids, want))
+                if device.type == "cuda":
+                    row["merge_graph_us"][exchange] = graph_timed(merge, device, iters)
+                    if exchange == "push":
+                        row["stages_us"] = stage_times(graphed(merge).replay)
+                        # The push alone, last: its flags run ahead of the merges this workspace no longer runs.
+                        packed = nt.dcp_topk_pack(x, x_ends, local_topk=n, max_local_len=width)
+                        row["exchange_graph_us"]["push"] = graph_timed(
+                            lambda: nt.dcp_topk_exchange(packed, workspace=ws), device, iters)
+                    if exchange == "fcollect":  # the same bytes, fcollect alone
+                        src = ws.collect_src.local[:rows]
+                        dst = ws.collect_dst.local[: world * src.numel()]
+                        row["exchange_graph_us"]["fcollect"] = graph_timed(
+                            lambda: group.fcollect(dst, src), device, iters)
+                ws.destroy()
             if device.type == "cuda":
-                row["merge_graph_us"] = timed(graphed(merge).replay, device, iters)
-                row["generic_graph_us"] = timed(graphed(generic).replay, device, iters)
+                row["generic_graph_us"] = graph_timed(generic, device, iters)
                 packed = torch.empty(rows, packed_row_words(n, num_planes(width)), dtype=torch.int32,
                                      device=device)
                 every = torch.empty((world * rows, packed.shape[1]), dtype=torch.int32, device=device)
-                row["nccl_all_gather_graph_us"] = timed(
-                    graphed(lambda: dist.all_gather_into_tensor(every, packed)).replay, device, iters)
-                row["stages_us"] = stage_times(graphed(merge).replay)
+                row["exchange_graph_us"]["nccl_all_gather"] = graph_timed(
+                    lambda: dist.all_gather_into_tensor(every, packed), device, iters)
             results["merge"].append(row)
-            ws.destroy()
             if lead:
                 with open(args.out, "w") as f:  # after every shape: a run cut short keeps what it measured
                     json.dump(results, f, indent=1)
-                stage = row.get("stages_us", {})
-                fmt = lambda key: f"{row[key]:.1f}" if key in row else "-"  # noqa: E731
-                best, base = row.get("merge_graph_us", row["merge_eager_us"]), \
-                    row.get("generic_graph_us", row["generic_eager_us"])
-                print(f"{rows:>5}{width:>8}{fmt('merge_eager_us'):>9}{fmt('merge_graph_us'):>9}"
-                      f"{fmt('generic_eager_us'):>9}{fmt('generic_graph_us'):>10}{base / best:>8.1f}x"
-                      + "".join(f"{stage.get(s, 0.0):>8.1f}" for s in ("pack", "exchange", "select", "rescue"))
-                      + f"{fmt('nccl_all_gather_graph_us'):>9}  {row['exact']}", flush=True)
+                stage, graph, xch = row.get("stages_us", {}), row["merge_graph_us"], row["exchange_graph_us"]
+                fmt = lambda table, key, w: f"{table[key]:>{w}.1f}" if key in table else f"{'-':>{w}}"  # noqa: E731
+                best = graph.get("push", row["merge_eager_us"])
+                base = row.get("generic_graph_us", row["generic_eager_us"])
+                print(f"{rows:>5}{width:>8}{row['merge_eager_us']:>8.1f}{fmt(graph, 'push', 8)}"
+                      f"{fmt(graph, 'all_gather', 7)}{fmt(graph, 'fcollect', 7)}{row['generic_eager_us']:>9.1f}"
+                      f"{fmt(row, 'generic_graph_us', 8)}{base / best:>8.1f}x"
+                      + "".join(fmt(stage, s, w) for s, w in (("pack", 7), ("exchange", 7), ("select", 8),
+                                                              ("rescue", 8)))
+                      + fmt(xch, "push", 8) + fmt(xch, "nccl_all_gather", 8) + fmt(xch, "fcollect", 8)
+                      + f"  {all(row['exact'].values())}", flush=True)
     group.destroy()
     if not args.cpu:
         nt.finalize_nvshmem()

@@ -1,25 +1,42 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: install (the nvshmem4py wheel from .whl/ when
-# carried), the single-GPU benchmark (JSON saved after every measurement),
-# the merge across 2 GPUs when there are two (scripts/bench_merge.py),
-# then the GPU kernel tests and the NVSHMEM tests (W = visible GPUs, at most
-# 2), each with per-test timeouts. Logs and results go under $OUT.
-#   run: bash scripts/device_run.sh    (BENCH_ARGS narrows the benchmark)
+# The GPU machine's whole run, or the steps named (default: all of them):
+#   kernels  single-GPU benchmark (scripts/bench_kernels.py; JSON saved after every shape)
+#   merge    the merge across 2 GPUs beside the generic merge (scripts/bench_merge.py; needs 2 GPUs)
+#   tests    GPU kernel tests and NVSHMEM tests (W = visible GPUs, at most 2), per-test timeouts
+#   cli      the console script: info, check, bench with its plot, and the demo under torchrun
+# Installs first (the nvshmem4py wheel from .whl/ when carried). Logs and results go under $OUT.
+#   run: bash scripts/device_run.sh [kernels] [merge] [tests] [cli]    (BENCH_ARGS narrows the benchmark)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4294967296}  # the merge benchmark keeps 36 workspaces
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STEPS=${*:-kernels merge tests cli}
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
-timeout "${BENCH_TIMEOUT:-240}" python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" ${BENCH_ARGS:-} 2>&1 \
-  | grep -v -i warn | tee "$OUT/bench_kernels.log"
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then  # the merge across two GPUs, beside the generic merge
-  timeout "${MERGE_TIMEOUT:-240}" torchrun --nproc-per-node 2 scripts/bench_merge.py --out "$OUT/bench_merge.json" \
-    2>&1 | grep -v -i warn | tee "$OUT/bench_merge.log"
-fi
-timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_nvshmem.py \
-  -p no:cacheprovider --timeout 200 --tb=short -rs > "$OUT/gpu_tests.log" 2>&1
-tail -25 "$OUT/gpu_tests.log"
+GPUS=$(nvidia-smi -L | wc -l)
+for step in $STEPS; do
+  case $step in
+    kernels)
+      timeout "${BENCH_TIMEOUT:-240}" python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" ${BENCH_ARGS:-} \
+        2>&1 | grep -v -i warn | tee "$OUT/bench_kernels.log" ;;
+    merge)
+      [ "$GPUS" -ge 2 ] && timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node 2 scripts/bench_merge.py \
+        --out "$OUT/bench_merge.json" 2>&1 | grep -v -i warn | tee "$OUT/bench_merge.log" ;;
+    tests)
+      timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_nvshmem.py \
+        -p no:cacheprovider --timeout 200 --tb=short -rs > "$OUT/gpu_tests.log" 2>&1
+      tail -25 "$OUT/gpu_tests.log" ;;
+    cli)
+      { nvshmem-topk info
+        timeout 180 nvshmem-topk bench --impl triton --device cuda --rows 1 64 256 --widths 16384 131072 \
+          --reps 20 --json "$OUT/cli_bench.json" --plot "$OUT/cli_bench.png"
+        [ "$GPUS" -ge 2 ] && timeout 120 torchrun --nproc-per-node 2 -m nvshmem_topk demo
+        timeout 240 nvshmem-topk check --impl triton --device cuda --world-sizes 2 8
+      } 2>&1 | grep -v -i warn | tee "$OUT/cli.log" ;;
+    *) echo "unknown step $step (kernels, merge, tests, cli)"; exit 2 ;;
+  esac
+done

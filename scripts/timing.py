@@ -5,14 +5,18 @@ from __future__ import annotations
 import torch
 
 
-def graphed(fn) -> torch.cuda.CUDAGraph:
-    """``fn`` captured in a CUDA graph, after one eager call that compiles
-    its kernels and allocates outside the capture."""
+def graphed(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
+    """``calls`` back-to-back calls of ``fn`` captured in one CUDA graph,
+    after one eager call that compiles its kernels and allocates outside the
+    capture. Several calls per graph keep the GPU busy while the host
+    launches the next replay, as a serving engine's decode-step graph does:
+    timing one replay of a few-microsecond graph times the host's launch."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(calls):
+            fn()
     return graph
 
 
