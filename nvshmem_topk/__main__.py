@@ -272,8 +272,9 @@ def bench(args: argparse.Namespace) -> int:
             generic = _median_ms(lambda: generic_merge_compute(logits, args.topk), device, args.reps)
         results.append(dict(W=args.world_size, T=rows, S=width, K=args.topk, impl=args.impl, device=str(device),
                             cuda_graph=graphs, merge_ms=merge, generic_ms=generic))
-        print(f"[{i}/{len(grid)}] T={rows} S={width}: merge {merge:.2f} ms, generic {generic:.2f} ms",
-              file=sys.stderr, flush=True)
+        done = 20 * i // len(grid)
+        print(f"[{'#' * done}{'.' * (20 - done)}] {i}/{len(grid)} T={rows} S={width}: merge {merge:.2f} ms, "
+              f"generic {generic:.2f} ms", file=sys.stderr, flush=True)
     print(f"{'T':>5}{'S_local':>9}{'merge ms':>11}{'generic ms':>12}")
     for r in results:
         print(f"{r['T']:>5}{r['S']:>9}{r['merge_ms']:>11.2f}{r['generic_ms']:>12.2f}")
