@@ -108,6 +108,20 @@ def test_pack_candidates_and_whole_row_walk_match_reference(monkeypatch, tile, r
 
 
 @needs_triton
+def test_sample_grows_when_its_margin_would_overflow_a_tile():
+    """The estimate's sample: 2048 tokens, whole short rows, and more when
+    N/S is large enough that 2048 would put most rows past one tile (the
+    2-GPU shape N = 1536 of 131072, which once walked whole rows)."""
+    from nvshmem_topk.kernels import pack
+
+    assert pack.sample_size(384, 131072) == 2048
+    assert pack.sample_size(384, 1000) == 1024
+    assert pack.sample_size(1536, 65536) == 2048
+    assert pack.sample_size(1536, 131072) == 4096
+    assert pack.candidate_room(1536) == 2 * pack.candidate_tile(1536) == 8192
+
+
+@needs_triton
 @settings(max_examples=15, deadline=None)
 @given(
     world_size=st.integers(1, 6),
