@@ -129,7 +129,7 @@ def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_pt
     ok = True
     if mask != 0:
         ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD,
-                           WORLD_P2)
+                       WORLD_P2)
         if ok:
             kappa = sat & SAT_KAPPA_MASK
             segment: tl.constexpr = max(N, TOPK)
