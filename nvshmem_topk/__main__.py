@@ -28,6 +28,7 @@ from .api import _run_merge, init_dcp_topk_merge, simulate_dcp_topk_merge
 from .baseline import generic_merge_compute
 from .groups.simulated import SimulatedGroup
 from .testing import families, indexer_like_logits
+from .timing import graphed
 
 
 def unsharded_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interleave: int) -> list[set]:
@@ -229,13 +230,7 @@ GRAPH_CALLS = 10
 def _graph_ms(fn, reps: int) -> float:
     """Median milliseconds of one call of ``fn`` replayed from a CUDA graph
     of GRAPH_CALLS calls (one call's graph would time the host's launch)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    return _median_ms(graph.replay, torch.device("cuda"), reps) / GRAPH_CALLS
+    return _median_ms(graphed(fn, GRAPH_CALLS).replay, torch.device("cuda"), reps) / GRAPH_CALLS
 
 
 def _simulated_merge(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, impl: str):

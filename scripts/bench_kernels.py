@@ -22,7 +22,7 @@ import nvshmem_topk as nt
 from nvshmem_topk import _backends, api, reference
 from nvshmem_topk.baseline import generic_merge_compute
 from nvshmem_topk.format import default_local_topk, packed_row_words
-from timing import graphed, kernel_times
+from nvshmem_topk.timing import graphed, kernel_times
 
 
 def bench(fn) -> float:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 import nvshmem_topk as nt
 from nvshmem_topk.format import default_local_topk, num_planes, packed_row_words
-from timing import graphed, kernel_times
+from nvshmem_topk.timing import graphed, kernel_times
 
 STAGES = {"estimate_kernel": "pack", "count_kernel": "pack", "write_kernel": "pack", "finish_kernel": "pack",
           "push_rows_kernel": "exchange", "select_kernel": "select", "rescue_kernel": "rescue"}

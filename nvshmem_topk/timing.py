@@ -1,4 +1,4 @@
-"""Timing helpers shared by the benchmark scripts (CUDA only)."""
+"""CUDA timing helpers shared by the CLI's bench and the benchmark scripts."""
 
 from __future__ import annotations
 
