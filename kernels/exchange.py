@@ -1,16 +1,19 @@
 """Push all-gather of round-1 rows: every rank stores its packed rows into
 every peer's gather buffer (this epoch's parity, its own sender slot), then
-releases the peer's flag for each row."""
+releases the peer's flag for each row. Peers in LIBRARY_PEERS (no load/store
+address) get the row by an NVSHMEM put and the flag by an NVSHMEM atomic
+after a fence; the others through the peer address table."""
 
 import triton
 import triton.language as tl
 
+from . import nvshmem_device
 from .sync import release_flag
 
 
 @triton.jit
-def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, max_rows, rank,
-                     WORDS: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, pes_ptr, max_rows, rank,
+                     WORDS: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     epoch = tl.load(epochs_ptr + row) + 1
     dest = (((epoch & 1) * WORLD + rank) * max_rows + row) * WORDS
@@ -18,19 +21,39 @@ def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, max_rows, r
         offs = start + tl.arange(0, BLOCK)
         words = tl.load(packed_ptr + row * WORDS + offs, mask=offs < WORDS)
         for q in tl.static_range(WORLD):
-            peer = tl.load(gather_ptrs + q).to(tl.pointer_type(tl.int32))
-            tl.store(peer + dest + offs, words, mask=offs < WORDS)
+            if ((LIBRARY_PEERS >> q) & 1) == 0:
+                peer = tl.load(gather_ptrs + q).to(tl.pointer_type(tl.int32))
+                tl.store(peer + dest + offs, words, mask=offs < WORDS)
+    if LIBRARY_PEERS != 0:  # compile-time: the address-only kernel links nothing
+        mine = tl.load(gather_ptrs + rank) + dest * 4
+        source = (packed_ptr + row * WORDS).to(tl.int64)
+        for q in tl.static_range(WORLD):
+            if ((LIBRARY_PEERS >> q) & 1) != 0:
+                nvshmem_device.putmem_nbi_block(mine, source, tl.full((), WORDS * 4, tl.int64),
+                                                tl.load(pes_ptr + q))
+        nvshmem_device.fence()
+        flag = tl.load(flag_ptrs + rank) + (rank * max_rows + row) * 4
+        for q in tl.static_range(WORLD):
+            if ((LIBRARY_PEERS >> q) & 1) != 0:
+                nvshmem_device.int32_atomic_set(flag, epoch, tl.load(pes_ptr + q))
     for q in tl.static_range(WORLD):
-        peer_flags = tl.load(flag_ptrs + q).to(tl.pointer_type(tl.int32))
-        release_flag(peer_flags + rank * max_rows + row, epoch)
+        if ((LIBRARY_PEERS >> q) & 1) == 0:
+            peer_flags = tl.load(flag_ptrs + q).to(tl.pointer_type(tl.int32))
+            release_flag(peer_flags + rank * max_rows + row, epoch)
 
 
-def push_rows(packed, epochs, gather_ptrs, flag_ptrs, *, max_rows: int, rank: int, world_size: int) -> None:
+def push_rows(packed, epochs, gather_ptrs, flag_ptrs, pes, *, max_rows: int, rank: int, world_size: int,
+              library_peers: int) -> None:
     """packed: int32 [T, words]; epochs: int32 [>= T] (this call is epoch+1);
     gather_ptrs / flag_ptrs: int64 [W] peer addresses of the symmetric
-    gather buffers [2, W, max_rows, words] and flags [2, W, max_rows]."""
+    gather buffers [2, W, max_rows, words] and flags [2, W, max_rows]
+    (entry ``rank`` is this rank's own); pes: int32 [W], the NVSHMEM PE of
+    each rank; library_peers: bitmask of the ranks reached through NVSHMEM's
+    device library (their address entries are not used)."""
     rows, words = packed.shape
     if rows == 0:
         return
-    push_rows_kernel[(rows,)](packed, epochs, gather_ptrs, flag_ptrs, max_rows, rank,
-                              WORDS=words, WORLD=world_size, BLOCK=512, num_warps=4)
+    options = nvshmem_device.launch_options() if library_peers else {}
+    push_rows_kernel[(rows,)](packed, epochs, gather_ptrs, flag_ptrs, pes, max_rows, rank,
+                              WORDS=words, WORLD=world_size, LIBRARY_PEERS=library_peers, BLOCK=512, num_warps=4,
+                              **options)

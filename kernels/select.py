@@ -16,6 +16,7 @@ import triton.language as tl
 
 from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest,
                    radix_choose, radix_digit_histogram)
+from . import nvshmem_device
 from .pack import pack_row
 from .sync import record_timeout, release_flag, wait_flags_at_least
 
@@ -39,13 +40,14 @@ def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr,
 
 @triton.jit
 def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
-                  gather_ptr, flags_ptr, epochs_ptr, recv_ptrs, flag_ptrs, logits_ptr, row_ends_ptr,
+                  gather_ptr, flags_ptr, epochs_ptr, recv_ptrs, flag_ptrs, pes_ptr, logits_ptr, row_ends_ptr,
                   req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows,
                   rows_stride, logits_stride, width_limit, max_rows, rank, max_spins,
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
                   WORLD: tl.constexpr, WORLD_P2: tl.constexpr, N_P2: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
-                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, BLOCK: tl.constexpr):
+                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, LIBRARY_PEERS: tl.constexpr,
+                  BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     words: tl.constexpr = N + PLANES * (N // 32)
     push_words: tl.constexpr = TOPK + PLANES * (TOPK // 32)
@@ -79,12 +81,24 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
                     offs = start + tl.arange(0, BLOCK)
                     list_words = tl.load(local_recv + offs, mask=offs < push_words)
                     for q in tl.static_range(WORLD):
-                        if q != rank:
+                        if (q != rank) & (((LIBRARY_PEERS >> q) & 1) == 0):
                             peer = tl.load(recv_ptrs + q).to(tl.pointer_type(tl.int32)) + offset
                             tl.store(peer + offs, list_words, mask=offs < push_words)
+                if LIBRARY_PEERS != 0:  # the same slot of the symmetric receive buffer on those PEs
+                    for q in tl.static_range(WORLD):
+                        if ((LIBRARY_PEERS >> q) & 1) != 0:
+                            nvshmem_device.putmem_nbi_block(local_recv.to(tl.int64), local_recv.to(tl.int64),
+                                                            tl.full((), push_words * 4, tl.int64),
+                                                            tl.load(pes_ptr + q))
+                    nvshmem_device.fence()
+                    flag = tl.load(flag_ptrs + rank) + ((WORLD + rank) * max_rows + row) * 4
+                    for q in tl.static_range(WORLD):
+                        if ((LIBRARY_PEERS >> q) & 1) != 0:
+                            nvshmem_device.int32_atomic_set(flag, epoch, tl.load(pes_ptr + q))
                 for q in tl.static_range(WORLD):
-                    peer_flags = tl.load(flag_ptrs + q).to(tl.pointer_type(tl.int32))
-                    release_flag(peer_flags + (WORLD + rank) * max_rows + row, epoch)
+                    if ((LIBRARY_PEERS >> q) & 1) == 0:
+                        peer_flags = tl.load(flag_ptrs + q).to(tl.pointer_type(tl.int32))
+                        release_flag(peer_flags + (WORLD + rank) * max_rows + row, epoch)
 
 
 @triton.jit
@@ -187,20 +201,21 @@ def _out_args(ids, rows, fallback):
 SELECT_WARPS = 8
 
 
-def select(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, recv_ptrs, flag_ptrs,
-           logits, row_ends, max_local_len, max_rows, rank, world_size, topk, local_topk, planes,
+def select(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, recv_ptrs, flag_ptrs, pes,
+           library_peers, logits, row_ends, max_local_len, max_rows, rank, world_size, topk, local_topk, planes,
            slots, interleave, gid_bits, max_spins) -> None:
     if num_rows == 0:
         return
     out = _out_args(ids, rows, epochs)
+    options = nvshmem_device.launch_options() if library_peers else {}
     select_kernel[(num_rows,)](
-        out[0], out[1], out[2], sat, status, gather, flags, epochs, recv_ptrs, flag_ptrs, logits,
+        out[0], out[1], out[2], sat, status, gather, flags, epochs, recv_ptrs, flag_ptrs, pes, logits,
         row_ends, *out[3:], logits.stride(0), min(logits.shape[1], max_local_len),
         max_rows, rank, max_spins,
         TOPK=topk, N=local_topk, PLANES=planes, SLOTS=slots, WORLD=world_size,
         WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
-        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, BLOCK=1024,
-        num_warps=SELECT_WARPS)
+        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, LIBRARY_PEERS=library_peers,
+        BLOCK=1024, num_warps=SELECT_WARPS, **options)
 
 
 RESCUE_TILE = 1024

@@ -179,8 +179,9 @@ class TritonBackend:
     def push_rows(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
         from .kernels import exchange
 
-        exchange.push_rows(packed, ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs,
-                           max_rows=ws.max_rows, rank=ws.rank, world_size=ws.world_size)
+        exchange.push_rows(packed, ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs, ws.pes,
+                           max_rows=ws.max_rows, rank=ws.rank, world_size=ws.world_size,
+                           library_peers=ws.library_peers)
 
     @staticmethod
     def _common(ws: DcpTopkWorkspace, rows: int, out: Outputs) -> dict:
@@ -196,8 +197,8 @@ class TritonBackend:
         from .kernels import select
 
         select.select(**cls._common(ws, rows, out), recv_ptrs=ws.recv.peer_ptrs,
-                      flag_ptrs=ws.flags.peer_ptrs, logits=logits, row_ends=row_ends,
-                      max_local_len=ws.max_local_len)
+                      flag_ptrs=ws.flags.peer_ptrs, pes=ws.pes, library_peers=ws.library_peers, logits=logits,
+                      row_ends=row_ends, max_local_len=ws.max_local_len)
 
     @classmethod
     def rescue(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:

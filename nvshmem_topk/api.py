@@ -136,10 +136,12 @@ def init_dcp_topk_merge(
         raise ValueError("exchange='all_gather' needs one process per rank; a simulated group uses 'push'")
     if exchange == "fcollect" and not hasattr(group, "fcollect"):
         raise ValueError(f"exchange='fcollect' needs an NvshmemGroup, got {type(group).__name__}")
+    impl = resolve_impl(impl, group.device)
+    if group.library_peers and impl != "triton":
+        raise ValueError(f"peers reached through NVSHMEM's device library need impl='triton', got {impl!r}")
     return DcpTopkWorkspace(
         group, max_rows=max_rows, topk=topk, local_topk=local_topk, max_local_len=max_local_len,
-        interleave=interleave, impl=resolve_impl(impl, group.device), exchange=exchange,
-        timeout_s=float(timeout_s),
+        interleave=interleave, impl=impl, exchange=exchange, timeout_s=float(timeout_s),
     )
 
 
@@ -248,18 +250,20 @@ def _exchange(ws: DcpTopkWorkspace, impl, packed: torch.Tensor) -> None:
     """Round-1 rows of every rank into this rank's gather buffer (this
     epoch's parity) and its flags raised: by push, or by a collective
     (NCCL all-gather, NVSHMEM fcollect) whose result is copied in."""
+    rows = packed.shape[0]
+    if ws.staging is not None:  # fcollect and device-library puts read symmetric memory
+        staged = ws.staging.local[:rows]
+        if packed.data_ptr() != staged.data_ptr():
+            staged.copy_(packed)
+        packed = staged
     if ws.exchange == "push":
         impl.push_rows(ws, packed)
         return
-    rows = packed.shape[0]
     epochs = ws.epochs[:rows] + 1
     index = torch.arange(rows, device=ws.device)
     if ws.exchange == "fcollect":
-        src = ws.collect_src.local[:rows]
-        if packed.data_ptr() != src.data_ptr():
-            src.copy_(packed)
-        gathered = ws.collect_dst.local[: ws.world_size * src.numel()].view(ws.world_size, rows, ws.row_words)
-        ws.group.fcollect(gathered, src)
+        gathered = ws.collect_dst.local[: ws.world_size * packed.numel()].view(ws.world_size, rows, ws.row_words)
+        ws.group.fcollect(gathered, packed)
     else:
         try:
             gathered = ws.group.all_gather(packed, ws.timeout_s)
@@ -277,8 +281,8 @@ def _run_merge(workspaces, logits, row_ends, outputs, rows: int, packed=None) ->
     impls = [backend(ws.impl) for ws in workspaces]
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):
         mine = packed[r] if packed is not None else None
-        if mine is None:  # fcollect reads symmetric memory: pack straight into it
-            mine = ws.collect_src.local[:rows] if ws.exchange == "fcollect" else \
+        if mine is None:  # fcollect and device-library puts read symmetric memory: pack straight into it
+            mine = ws.staging.local[:rows] if ws.staging is not None else \
                 torch.empty((rows, ws.row_words), dtype=torch.int32, device=ws.device)
             impl.pack(logits[r][:rows], row_ends[r][:rows], mine, local_topk=ws.local_topk,
                       max_local_len=ws.max_local_len)

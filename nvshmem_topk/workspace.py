@@ -38,8 +38,11 @@ class DcpTopkWorkspace:
               of saturated ranks, slot = popcount(mask & ((1 << q) - 1)).
       flags   int32 [2, W, max_rows]: [0, q, t] = epoch of q's round-1 row t,
               [1, q, t] = epoch of q's pushed list for row t.
-      collect_src int32 [max_rows, words], collect_dst int32 [W * max_rows *
-              words]: the fcollect exchange's staging (that exchange only).
+      staging int32 [max_rows, words]: this rank's round-1 rows in symmetric
+              memory, where fcollect and NVSHMEM's device-library puts read
+              them (only with exchange="fcollect" or library peers).
+      collect_dst int32 [W * max_rows * words]: fcollect's result (that
+              exchange only).
     Local:
       epochs  int32 [max_rows]: last finished epoch of each row.
       sat     int64 [max_rows]: saturation state of each row's last select.
@@ -74,8 +77,12 @@ class DcpTopkWorkspace:
         self.gather = group.alloc_symmetric((2, w, max_rows, self.row_words), torch.int32)
         self.recv = group.alloc_symmetric((max_rows, self.slots, self.push_words), torch.int32)
         self.flags = group.alloc_symmetric((2, w, max_rows), torch.int32)
+        self.library_peers = group.library_peers
+        self.pes = torch.tensor(group.pes, dtype=torch.int32, device=self.device)
+        self.staging = None
+        if exchange == "fcollect" or self.library_peers:
+            self.staging = group.alloc_symmetric((max_rows, self.row_words), torch.int32)
         if exchange == "fcollect":
-            self.collect_src = group.alloc_symmetric((max_rows, self.row_words), torch.int32)
             self.collect_dst = group.alloc_symmetric((w * max_rows * self.row_words,), torch.int32)
         self.epochs = torch.zeros(max_rows, dtype=torch.int32, device=self.device)
         self.sat = torch.zeros(max_rows, dtype=torch.int64, device=self.device)
@@ -113,5 +120,5 @@ class DcpTopkWorkspace:
         """Release this workspace's buffers (the group frees symmetric memory
         in its own ``destroy()``)."""
         self.destroyed = True
-        self.gather = self.recv = self.flags = self.collect_src = self.collect_dst = None
+        self.gather = self.recv = self.flags = self.staging = self.collect_dst = None
         _LIVE.pop(self.handle, None)

@@ -1,6 +1,7 @@
 """The merge across ranks next to the generic merge, in one run:
 
     torchrun --nproc-per-node 2 scripts/bench_merge.py --out merge.json     (GPUs: NVSHMEM)
+    torchrun --nproc-per-node 2 scripts/bench_merge.py --device-library always   (every peer by NVSHMEM puts)
     torchrun --nproc-per-node 2 scripts/bench_merge.py --cpu --rows 2 --widths 4096   (CPU smoke run)
 
 Per (T, S_local), K = 2048, N = default_local_topk(K, W):
@@ -101,6 +102,9 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[16384, 65536, 131072])
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--cpu", action="store_true", help="ShmGroup + reference stages (checks the script)")
+    parser.add_argument("--device-library", default="auto", choices=["auto", "always"],
+                        help="NvshmemGroup(device_library=...): 'always' reaches every peer through NVSHMEM's "
+                             "device library")
     args = parser.parse_args()
 
     if args.cpu:
@@ -109,13 +113,13 @@ def main() -> None:
     else:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group("cpu:gloo,cuda:nccl")
-        group = nt.NvshmemGroup()
+        group = nt.NvshmemGroup(device_library=args.device_library)
         device, impl, iters = group.device, "triton", args.iters
     rank, world, k = group.rank, group.world_size, args.topk
     n = default_local_topk(k, world)
     lead = rank == 0
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-               "world_size": world, "topk": k, "local_topk": n, "merge": []}
+               "world_size": world, "topk": k, "local_topk": n, "library_peers": group.library_peers, "merge": []}
     exchanges = ("push",) if args.cpu else ("push", "all_gather", "fcollect")
     if lead:
         print(f"# {results['device']} x{world}  K={k} N={n}  medians (us) over {iters} calls per rank;"
@@ -152,7 +156,7 @@ def main() -> None:
                         row["exchange_graph_us"]["push"] = graph_timed(
                             lambda: nt.dcp_topk_exchange(packed, workspace=ws), device, iters)
                     if exchange == "fcollect":  # the same bytes, fcollect alone
-                        src = ws.collect_src.local[:rows]
+                        src = ws.staging.local[:rows]
                         dst = ws.collect_dst.local[: world * src.numel()]
                         row["exchange_graph_us"]["fcollect"] = graph_timed(
                             lambda: group.fcollect(dst, src), device, iters)

@@ -2,7 +2,11 @@
 with the ptxas that ships in Triton's wheel, and print compile time and
 resource use (registers, stack, local memory) from the cubin.
 
-    python scripts/compile_sm90.py
+    python scripts/compile_sm90.py [--device-library libnvshmem_device.bc]
+
+With NVSHMEM's device bitcode (from the nvidia-nvshmem wheel), the push and
+the select are also compiled with every peer but rank 0 reached through the
+device library, linked against it.
 
 The interpreter does not catch compiler-only errors (module globals that are
 not constexpr, loop-carried values that change type) or compile-time
@@ -33,7 +37,8 @@ def _p2(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: int = 1, gid_bits: int = 21):
+def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: int = 1, gid_bits: int = 21,
+             library_peers: int = 0):
     """(kernel, signature, constexprs, num_warps) of one configuration, as
     the launchers build them."""
     def sig(kernel, **types):
@@ -54,24 +59,26 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
                 ROW_BLOCK=pack.ROW_BLOCK), 8)
     words = local_topk + planes * (local_topk // 32)
     yield (exchange.push_rows_kernel, sig(exchange.push_rows_kernel, packed_ptr=P32, epochs_ptr=P32,
-                                          gather_ptrs=P64, flag_ptrs=P64, max_rows=I32, rank=I32),
-           dict(WORDS=words, WORLD=world_size, BLOCK=512), 4)
+                                          gather_ptrs=P64, flag_ptrs=P64, pes_ptr=P32, max_rows=I32, rank=I32),
+           dict(WORDS=words, WORLD=world_size, LIBRARY_PEERS=library_peers, BLOCK=512), 4)
     common = dict(TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(topk // local_topk, 1), WORLD=world_size)
     yield (select.select_kernel,
            sig(select.select_kernel, **_OUTPUTS, **_ROWS, gather_ptr=P32, flags_ptr=P32, epochs_ptr=P32,
-               recv_ptrs=P64, flag_ptrs=P64, logits_ptr=logits, row_ends_ptr=P32, logits_stride=I32,
-               width_limit=I32, max_rows=I32, rank=I32, max_spins=I32),
-           dict(common, WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), BLOCK=1024, **outs), 8)
+               recv_ptrs=P64, flag_ptrs=P64, pes_ptr=P32, logits_ptr=logits, row_ends_ptr=P32,
+               logits_stride=I32, width_limit=I32, max_rows=I32, rank=I32, max_spins=I32),
+           dict(common, WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), LIBRARY_PEERS=library_peers, BLOCK=1024,
+                **outs), select.SELECT_WARPS)
     yield (select.rescue_kernel,
            sig(select.rescue_kernel, **_OUTPUTS, **_ROWS, selected_ptr=P64, gather_ptr=P32, flags_ptr=P32,
                epochs_ptr=P32, recv_ptr=P32, max_rows=I32, rank=I32, max_spins=I32),
            dict(common, WORLD_P2=_p2(world_size), TOPK_P2=_p2(topk), TILE=select.RESCUE_TILE, **outs), 8)
 
 
-def compile_one(kernel, signature, constexprs, num_warps) -> dict:
+def compile_one(kernel, signature, constexprs, num_warps, extern_libs=None) -> dict:
     start = time.perf_counter()
+    options = {"num_warps": num_warps} | ({"extern_libs": tuple(extern_libs.items())} if extern_libs else {})
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                              target=HOPPER, options={"num_warps": num_warps})
+                              target=HOPPER, options=options)
     seconds = time.perf_counter() - start
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -86,17 +93,28 @@ def compile_one(kernel, signature, constexprs, num_warps) -> dict:
 CONFIGS = ((8, 2048, 384, "*bf16"), (16, 4096, 384, "*bf16"), (1, 2048, 3072, "*bf16"), (3, 96, 32, "*fp32"))
 
 
-def main() -> list[dict]:
+def main(device_library: str | None = None) -> list[dict]:
     rows = []
     print(f"{'kernel':<24}{'W':>3}{'K':>6}{'N':>6}{'compile s':>11}{'regs':>6}{'stack':>7}{'local':>7}")
-    for world_size, topk, local_topk, logits in CONFIGS:
-        for variant in variants(world_size, topk, local_topk, logits):
-            row = dict(compile_one(*variant), W=world_size, K=topk, N=local_topk)
-            rows.append(row)
-            print(f"{row['kernel']:<24}{world_size:>3}{topk:>6}{local_topk:>6}{row['seconds']:>11.1f}"
-                  f"{row['registers']:>6}{row['stack']:>7}{row['local']:>7}", flush=True)
+    jobs = [(config, variant, None) for config in CONFIGS for variant in variants(*config)]
+    if device_library:  # the two kernels that reach peers, every peer but rank 0 through the library
+        config = CONFIGS[0]
+        jobs += [(config, variant, {"libnvshmem_device": device_library})
+                 for variant in variants(*config, library_peers=(1 << config[0]) - 2)
+                 if variant[0] in (exchange.push_rows_kernel, select.select_kernel)]
+    for (world_size, topk, local_topk, _), variant, extern_libs in jobs:
+        row = dict(compile_one(*variant, extern_libs=extern_libs), W=world_size, K=topk, N=local_topk,
+                   device_library=extern_libs is not None)
+        rows.append(row)
+        name = row["kernel"] + (" (library)" if extern_libs else "")
+        print(f"{name:<24}{world_size:>3}{topk:>6}{local_topk:>6}{row['seconds']:>11.1f}"
+              f"{row['registers']:>6}{row['stack']:>7}{row['local']:>7}", flush=True)
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device-library", default=None, help="path of libnvshmem_device.bc")
+    main(parser.parse_args().device_library)

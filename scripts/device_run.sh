@@ -2,10 +2,11 @@
 # The GPU machine's whole run, or the steps named (default: all of them):
 #   kernels  single-GPU benchmark (scripts/bench_kernels.py; JSON saved after every shape)
 #   merge    the merge across 2 GPUs beside the generic merge (scripts/bench_merge.py; needs 2 GPUs)
+#   merge-library  the same with every peer reached through NVSHMEM's device library (not in the default run)
 #   tests    GPU kernel tests and NVSHMEM tests (W = visible GPUs, at most 2), per-test timeouts
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
 # Installs first (the nvshmem4py wheel from .whl/ when carried). Logs and results go under $OUT.
-#   run: bash scripts/device_run.sh [kernels] [merge] [tests] [cli]    (BENCH_ARGS narrows the benchmark)
+#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli]    (BENCH_ARGS narrows the benchmark)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4294967296}  # the merge benchmark keeps 36 workspaces
@@ -26,6 +27,10 @@ for step in $STEPS; do
     merge)
       [ "$GPUS" -ge 2 ] && timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node 2 scripts/bench_merge.py \
         --out "$OUT/bench_merge.json" 2>&1 | grep -v -i warn | tee "$OUT/bench_merge.log" ;;
+    merge-library)
+      [ "$GPUS" -ge 2 ] && timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node 2 scripts/bench_merge.py \
+        --device-library always --rows 1 64 --widths 16384 65536 --out "$OUT/bench_merge_library.json" 2>&1 \
+        | grep -v -i warn | tee "$OUT/bench_merge_library.log" ;;
     tests)
       timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_nvshmem.py \
         -p no:cacheprovider --timeout 200 --tb=short -rs > "$OUT/gpu_tests.log" 2>&1
@@ -37,6 +42,6 @@ for step in $STEPS; do
         [ "$GPUS" -ge 2 ] && timeout 120 torchrun --nproc-per-node 2 -m nvshmem_topk demo
         timeout 240 nvshmem-topk check --impl triton --device cuda --world-sizes 2 8
       } 2>&1 | grep -v -i warn | tee "$OUT/cli.log" ;;
-    *) echo "unknown step $step (kernels, merge, tests, cli)"; exit 2 ;;
+    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli)"; exit 2 ;;
   esac
 done

@@ -144,9 +144,10 @@ def timeout_mode(group, exchange):
 
 def main() -> None:
     mode, exchange = sys.argv[1:3]
+    device_library = sys.argv[3] if len(sys.argv) > 3 else "auto"
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("cpu:gloo,cuda:nccl")
-    group = NvshmemGroup()
+    group = NvshmemGroup(device_library=device_library)
     modes = {"families": families_mode, "graph": graph_mode, "soak": soak_mode, "compiled": compiled_mode,
              "timeout": timeout_mode}
     modes[mode](group, exchange)

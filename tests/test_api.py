@@ -267,6 +267,11 @@ def test_indexer_adapter_seed_call_shape_and_errors():
         indexer.dcp_topk_merge(logits, ends, ids)
 
 
+def test_nvshmem_group_rejects_an_unknown_device_library_mode_first():
+    with pytest.raises(ValueError, match="device_library must be one of \\('auto', 'always', 'never'\\), got 'on'"):
+        nt.NvshmemGroup(device_library="on")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("nvshmem") is not None, reason="nvshmem4py is installed here")
 def test_nvshmem_group_without_nvshmem4py_says_how_to_install_it():
     with pytest.raises(ImportError, match=r"nvshmem-topk\[nvshmem\]"):

@@ -18,8 +18,9 @@ WORLD = min(2, torch.cuda.device_count()) if torch.cuda.is_available() else 0
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
-def _run(mode, exchange, timeout_s=400, world=WORLD):
-    results = run_ranks([str(TESTS / "gpu_worker.py"), mode, exchange], world, timeout_s, env=SAFE_ENV)
+def _run(mode, exchange, timeout_s=400, world=WORLD, device_library="auto"):
+    results = run_ranks([str(TESTS / "gpu_worker.py"), mode, exchange, device_library], world, timeout_s,
+                        env=SAFE_ENV)
     for r in results:
         assert r.returncode is not None, f"rank {r.rank} hung:\n{r.output}"
     return results
@@ -29,6 +30,15 @@ def _run(mode, exchange, timeout_s=400, world=WORLD):
 def test_every_family_exact_on_gpus(exchange):
     for r in _run("families", exchange):
         assert r.returncode == 0 and f"rank {r.rank} ok 26" in r.output, r.output
+
+
+@pytest.mark.skipif(WORLD < 2, reason="the device library reaches peers; one GPU has none")
+@pytest.mark.parametrize("mode,marker", [("families", "ok 26"), ("graph", "replays ok 1000")])
+def test_device_library_forced_for_every_peer_exact(mode, marker):
+    """device_library='always': every peer through NVSHMEM's device library
+    (puts, fence, atomic flags), no peer addresses at all."""
+    for r in _run(mode, "push", device_library="always"):
+        assert r.returncode == 0 and f"rank {r.rank} {marker}" in r.output, r.output
 
 
 @pytest.mark.parametrize("exchange", ["push", "fcollect"])

@@ -37,6 +37,18 @@ class DcpGroup(Protocol):
     def device(self) -> torch.device: ...
 
     @property
+    def pes(self) -> tuple[int, ...]:
+        """The NVSHMEM PE of each rank (the rank itself where there is no
+        NVSHMEM)."""
+        ...
+
+    @property
+    def library_peers(self) -> int:
+        """Bitmask of the ranks this rank reaches through NVSHMEM's device
+        library instead of a load/store address (0 but for NvshmemGroup)."""
+        ...
+
+    @property
     def shares_process(self) -> bool:
         """True when all ranks live in this process (stages are then driven
         rank by rank, in protocol order, by the caller)."""

@@ -10,8 +10,11 @@ DCP = 4 gives two), one strided split per DCP group.
 Allocations (``nvshmem_malloc``) are collective over the whole NVSHMEM job,
 not only the team: every rank builds its workspaces at the same points, in
 the same order, as serving engines do at model construction. Peer address
-tables come from ``nvshmem_ptr``; a peer without one (another node) is an
-error here.
+tables come from ``nvshmem_ptr``. A peer without an address (another node)
+is reached through NVSHMEM's device library instead (``device_library=
+"auto"``); ``"always"`` uses the library for every peer, so that its path
+can be tested on one node; ``"never"`` makes a peer without an address an
+error.
 
 Lifetimes are explicit: ``destroy()`` frees this group's allocations and
 its team (collective); ``finalize_nvshmem()`` ends NVSHMEM for the process
@@ -25,6 +28,7 @@ import torch.distributed as dist
 from .base import SymmetricTensor
 
 _STARTED_HERE = False
+DEVICE_LIBRARY_MODES = ("auto", "always", "never")
 
 
 def _nvshmem():
@@ -91,11 +95,14 @@ class NvshmemGroup:
     Every world rank builds its own DCP group's NvshmemGroup at the same
     point (the team split is collective over the world). ``exchange=
     "all_gather"`` needs this group to be an NCCL group; ``exchange=
-    "fcollect"`` uses the team."""
+    "fcollect"`` uses the team. device_library: "auto", "always" or "never"
+    (see the module's docstring)."""
 
     shares_process = False
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, process_group: dist.ProcessGroup | None = None, device_library: str = "auto") -> None:
+        if device_library not in DEVICE_LIBRARY_MODES:
+            raise ValueError(f"device_library must be one of {DEVICE_LIBRARY_MODES}, got {device_library!r}")
         init_nvshmem()
         core = _nvshmem()
         self._core = core
@@ -107,6 +114,7 @@ class NvshmemGroup:
         self._device = torch.device("cuda", torch.cuda.current_device())
         self._team = self._split_team(members)
         self._tensors: list[torch.Tensor] = []
+        self._library_peers = self._find_library_peers(device_library)
 
     def _split_team(self, members: list[int]):
         """The NVSHMEM team of this DCP group: every world rank calls the
@@ -128,9 +136,38 @@ class NvshmemGroup:
                 mine = team
         return mine
 
+    def _find_library_peers(self, mode: str) -> int:
+        """Bitmask of the ranks reached through the device library: those
+        without an address (by a probe allocation), or all others."""
+        others = [q for q in range(self.world_size) if q != self._rank]
+        if mode == "always":
+            return sum(1 << q for q in others)
+        probe = self._core.tensor((1,), dtype=torch.int32)  # collective, like every allocation
+        self._tensors.append(probe)
+        mask = 0
+        for q in others:
+            try:
+                self._core.get_peer_tensor(probe, self._members[q])
+            except Exception as err:  # nvshmem_ptr gave no address
+                if mode == "never":
+                    raise RuntimeError(
+                        f"rank {self._rank}: DCP peer {q} (PE {self._members[q]}) has no load/store address "
+                        "(another node, or P2P is off) and device_library='never'"
+                    ) from err
+                mask |= 1 << q
+        return mask
+
     @property
     def rank(self) -> int:
         return self._rank
+
+    @property
+    def pes(self) -> tuple[int, ...]:
+        return tuple(self._members)
+
+    @property
+    def library_peers(self) -> int:
+        return self._library_peers
 
     @property
     def world_size(self) -> int:
@@ -152,19 +189,16 @@ class NvshmemGroup:
         local = heap[:count].view(shape)
         local.zero_()
         core.barrier_all(stream=_stream())
-        peers = []
+        peers, addresses = [], []
         for q, pe in enumerate(self._members):
-            if q == self._rank:
+            if q == self._rank or (self._library_peers >> q) & 1:
+                # A library peer has no view; address 0 makes any store through it fault, never land.
                 peers.append(local)
-                continue
-            try:
+                addresses.append(local.data_ptr() if q == self._rank else 0)
+            else:
                 peers.append(core.get_peer_tensor(heap, pe)[:count].view(shape))
-            except Exception as err:  # nvshmem_ptr gave no address
-                raise RuntimeError(
-                    f"rank {self._rank}: DCP peer {q} (PE {pe}) has no load/store address "
-                    "(another node, or P2P is off); this build reaches peers by address only"
-                ) from err
-        ptrs = torch.tensor([p.data_ptr() for p in peers], dtype=torch.int64, device=self._device)
+                addresses.append(peers[-1].data_ptr())
+        ptrs = torch.tensor(addresses, dtype=torch.int64, device=self._device)
         return SymmetricTensor(local, tuple(peers), ptrs)
 
     def all_gather(self, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:

@@ -89,6 +89,9 @@ class ShmGroup:
     def world_size(self) -> int:
         return self._world_size
 
+    pes = property(lambda self: tuple(range(self._world_size)))
+    library_peers = 0
+
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")

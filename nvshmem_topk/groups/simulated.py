@@ -61,6 +61,9 @@ class SimulatedRank:
     def world_size(self) -> int:
         return self._owner.world_size
 
+    pes = property(lambda self: tuple(range(self._owner.world_size)))
+    library_peers = 0
+
     @property
     def device(self) -> torch.device:
         return self._owner.device
