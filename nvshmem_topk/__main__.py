@@ -1,8 +1,10 @@
 """Command line: ``python -m nvshmem_topk COMMAND`` (also ``nvshmem-topk``).
 
 demo   synthetic indexer scores merged and checked against an unsharded
-       top-K: W virtual ranks in this process, or, under torchrun, one
-       rank per process through shared memory (CPU)
+       top-K: W virtual ranks in this process; under torchrun one rank per
+       process (NVSHMEM on GPUs, shared memory on CPUs); under MPICH's
+       mpiexec or nvshmrun one GPU rank per process, NVSHMEM started by the
+       launcher (--bootstrap pmi, or mpi over mpi4py)
 info   devices, GPU peer access, versions, and what the merge would use
 check  every adversarial family at several world sizes against an
        unsharded top-K, on this machine
@@ -72,31 +74,37 @@ def _demo_data(world_size: int, rows: int, local_len: int):
     return logits, row_ends
 
 
-def _distributed_group():
-    """This rank's group under torchrun: NVSHMEM on GPUs (one per process),
-    CPU shared memory otherwise."""
+def _distributed_group(bootstrap: str):
+    """This rank's group: NVSHMEM on GPUs (one per process), started over
+    torch.distributed (torchrun) or by the launcher (``bootstrap`` "pmi" or
+    "mpi"); CPU shared memory under torchrun without GPUs."""
     import torch.distributed as dist
 
-    from .groups.nvshmem import NvshmemGroup
+    from .groups.nvshmem import NvshmemGroup, init_nvshmem, launcher_local_rank
     from .groups.shm import ShmGroup
 
-    if not torch.cuda.is_available():
-        return ShmGroup.from_env()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("cpu:gloo,cuda:nccl")
+    if bootstrap == "torch":
+        if not torch.cuda.is_available():
+            return ShmGroup.from_env()
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("cpu:gloo,cuda:nccl")
+    else:
+        torch.cuda.set_device(launcher_local_rank())
+        init_nvshmem(bootstrap)
     return NvshmemGroup()
 
 
-def distributed_demo(args: argparse.Namespace) -> int:
-    """One rank of the demo under torchrun: the real protocol across
-    processes (NVSHMEM on GPUs, shared memory on CPUs), every rank checking
-    the unsharded top-K."""
+def distributed_demo(args: argparse.Namespace, bootstrap: str) -> int:
+    """One rank of the demo under torchrun or a PMI / MPI launcher: the real
+    protocol across processes (NVSHMEM on GPUs, shared memory on CPUs), every
+    rank checking the unsharded top-K (all ranks' ids under torchrun, its
+    own under a launcher, where there is no torch.distributed)."""
     import torch.distributed as dist
 
     from .api import dcp_topk_merge, init_dcp_topk_merge
     from .groups.nvshmem import finalize_nvshmem
 
-    group = _distributed_group()
+    group = _distributed_group(bootstrap)
     world_size, rank, device = group.world_size, group.rank, group.device
     logits, row_ends = _demo_data(world_size, args.rows, args.local_len)
     mine, mine_ends = logits[rank].to(device), row_ends[rank].to(device)
@@ -104,8 +112,7 @@ def distributed_demo(args: argparse.Namespace) -> int:
     if rank == 0:
         print(f"{'W':>3} {'T':>4} {'S_local':>8} {'K':>5} {'N':>5} {'impl':>9} {'exchange':>10} {'ms':>8}  exact")
     failures = 0
-    exchanges = ("push", "all_gather", "fcollect") if hasattr(group, "fcollect") else ("push", "all_gather")
-    for exchange in exchanges:
+    for exchange in group.exchanges:
         ws = init_dcp_topk_merge(group, max_rows=args.rows, topk=args.topk, max_local_len=args.local_len,
                                  impl=args.impl, exchange=exchange)
         ids = torch.empty(args.rows, args.topk, dtype=torch.int32, device=device)
@@ -116,7 +123,7 @@ def distributed_demo(args: argparse.Namespace) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize()
         ms = (time.perf_counter() - start) * 1e3
-        exact = _exact(group.all_gather(ids, ws.timeout_s), want)
+        exact = _exact(group.all_gather(ids, ws.timeout_s) if dist.is_initialized() else ids[None], want)
         failures += not exact
         if rank == 0:
             print(f"{world_size:>3} {args.rows:>4} {args.local_len:>8} {args.topk:>5} {ws.local_topk:>5} "
@@ -125,13 +132,16 @@ def distributed_demo(args: argparse.Namespace) -> int:
     group.barrier()  # no rank closes its connections while a peer is still in a collective
     group.destroy()
     finalize_nvshmem()
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 1 if failures else 0
 
 
 def demo(args: argparse.Namespace) -> int:
     if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
-        return distributed_demo(args)
+        return distributed_demo(args, "torch")
+    if "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
+        return distributed_demo(args, args.bootstrap)
     print(f"{'W':>3} {'T':>4} {'S_local':>8} {'K':>5} {'N':>5} {'impl':>9} {'ms':>8}  exact")
     failures = 0
     device = _device(None)
@@ -328,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--topk", type=int, default=2048)
     run.add_argument("--impl", default=None, choices=["reference", "triton"],
                      help="default: triton on GPUs, reference on CPUs")
+    run.add_argument("--bootstrap", default="pmi", choices=["pmi", "mpi"],
+                     help="how NVSHMEM starts under mpiexec / nvshmrun: its own PMI bootstrap, or over mpi4py")
     run.set_defaults(fn=demo)
     sub.add_parser("info", help="devices, versions, what the merge would use").set_defaults(fn=info)
     chk = sub.add_parser("check", help="the adversarial families against an unsharded top-K")

@@ -132,10 +132,8 @@ def init_dcp_topk_merge(
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if exchange not in EXCHANGES:
         raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
-    if exchange == "all_gather" and group.shares_process:
-        raise ValueError("exchange='all_gather' needs one process per rank; a simulated group uses 'push'")
-    if exchange == "fcollect" and not hasattr(group, "fcollect"):
-        raise ValueError(f"exchange='fcollect' needs an NvshmemGroup, got {type(group).__name__}")
+    if exchange not in group.exchanges:
+        raise ValueError(f"exchange={exchange!r} is not one that {type(group).__name__} runs: {group.exchanges}")
     impl = resolve_impl(impl, group.device)
     if group.library_peers and impl != "triton":
         raise ValueError(f"peers reached through NVSHMEM's device library need impl='triton', got {impl!r}")

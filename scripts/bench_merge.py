@@ -1,7 +1,7 @@
 """The merge across ranks next to the generic merge, in one run:
 
     torchrun --nproc-per-node 2 scripts/bench_merge.py --out merge.json     (GPUs: NVSHMEM)
-    torchrun --nproc-per-node 2 scripts/bench_merge.py --device-library always   (every peer by NVSHMEM puts)
+    torchrun --nproc-per-node 2 scripts/bench_merge.py --library-path --rows 64 --widths 65536
     torchrun --nproc-per-node 2 scripts/bench_merge.py --cpu --rows 2 --widths 4096   (CPU smoke run)
 
 Per (T, S_local), K = 2048, N = default_local_topk(K, W):
@@ -9,7 +9,9 @@ Per (T, S_local), K = 2048, N = default_local_topk(K, W):
              timings; every rank runs the same loop, the flags keep them in
              step): eager with the push exchange, and replayed from a CUDA
              graph of CALLS_PER_GRAPH merges with each exchange (push, NCCL
-             all_gather, NVSHMEM fcollect), per merge;
+             all_gather, NVSHMEM fcollect), per merge; with --library-path
+             also the push merge of a second group that reaches every peer
+             through NVSHMEM's device library ("push_library");
   stages     device time per stage of the push merge from torch.profiler over
              graph replays (pack = estimate + count + write + finish kernels;
              select includes its wait for the peer's rows);
@@ -102,9 +104,9 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[16384, 65536, 131072])
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--cpu", action="store_true", help="ShmGroup + reference stages (checks the script)")
-    parser.add_argument("--device-library", default="auto", choices=["auto", "always"],
-                        help="NvshmemGroup(device_library=...): 'always' reaches every peer through NVSHMEM's "
-                             "device library")
+    parser.add_argument("--library-path", action="store_true",
+                        help="also time the push merge with every peer reached through NVSHMEM's device library "
+                             "(a second group, device_library='always')")
     args = parser.parse_args()
 
     if args.cpu:
@@ -113,20 +115,23 @@ def main() -> None:
     else:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group("cpu:gloo,cuda:nccl")
-        group = nt.NvshmemGroup(device_library=args.device_library)
+        group = nt.NvshmemGroup()
         device, impl, iters = group.device, "triton", args.iters
     rank, world, k = group.rank, group.world_size, args.topk
     n = default_local_topk(k, world)
     lead = rank == 0
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-               "world_size": world, "topk": k, "local_topk": n, "library_peers": group.library_peers, "merge": []}
-    exchanges = ("push",) if args.cpu else ("push", "all_gather", "fcollect")
+               "world_size": world, "topk": k, "local_topk": n, "merge": []}
+    merges = [(exchange, group, exchange) for exchange in (("push",) if args.cpu else group.exchanges)]
+    library = nt.NvshmemGroup(device_library="always") if args.library_path else None
+    if library is not None:
+        merges.append(("push_library", library, "push"))
     if lead:
         print(f"# {results['device']} x{world}  K={k} N={n}  medians (us) over {iters} calls per rank;"
               " graph = CUDA-graph replay; stages of the push merge from torch.profiler")
         print(f"{'T':>5}{'S':>8}{'eager':>8}{'graph':>8}{'ag':>7}{'fcol':>7}{'generic':>9}{'gen gr':>8}"
               f"{'speedup':>9}{'pack':>7}{'push':>7}{'select':>8}{'rescue':>8}"
-              f"{'x push':>8}{'x nccl':>8}{'x fcol':>8}  exact")
+              f"{'x push':>8}{'x nccl':>8}{'x fcol':>8}{'lib':>8}  exact")
     for rows in args.rows:
         for width in args.widths:
             gen = torch.Generator(device=device).manual_seed(rows * width)  # the same on every rank
@@ -138,24 +143,24 @@ def main() -> None:
             generic = lambda: generic_merge(x, k, rank, world)  # noqa: E731
             row = dict(T=rows, S=width, generic_eager_us=timed(generic, device, iters), merge_graph_us={},
                        exact={}, exchange_graph_us={})
-            for exchange in exchanges:
-                ws = nt.init_dcp_topk_merge(group, max_rows=rows, topk=k, local_topk=n, max_local_len=width,
+            for name, merge_group, exchange in merges:
+                ws = nt.init_dcp_topk_merge(merge_group, max_rows=rows, topk=k, local_topk=n, max_local_len=width,
                                             impl=impl, exchange=exchange, timeout_s=30)
                 merge = lambda: nt.dcp_topk_merge(x, x_ends, ids, workspace=ws)  # noqa: E731
-                if exchange == "push":
+                if name == "push":
                     row["merge_eager_us"] = timed(merge, device, iters)
                 ids.fill_(-2)
                 merge()
-                row["exact"][exchange] = bool(torch.equal(ids, want))
+                row["exact"][name] = bool(torch.equal(ids, want))
                 if device.type == "cuda":
-                    row["merge_graph_us"][exchange] = graph_timed(merge, device, iters)
-                    if exchange == "push":
+                    row["merge_graph_us"][name] = graph_timed(merge, device, iters)
+                    if name == "push":
                         row["stages_us"] = stage_times(graphed(merge).replay)
                         # The push alone, last: its flags run ahead of the merges this workspace no longer runs.
                         packed = nt.dcp_topk_pack(x, x_ends, local_topk=n, max_local_len=width)
                         row["exchange_graph_us"]["push"] = graph_timed(
                             lambda: nt.dcp_topk_exchange(packed, workspace=ws), device, iters)
-                    if exchange == "fcollect":  # the same bytes, fcollect alone
+                    if name == "fcollect":  # the same bytes, fcollect alone
                         src = ws.staging.local[:rows]
                         dst = ws.collect_dst.local[: world * src.numel()]
                         row["exchange_graph_us"]["fcollect"] = graph_timed(
@@ -182,7 +187,10 @@ def main() -> None:
                       + "".join(fmt(stage, s, w) for s, w in (("pack", 7), ("exchange", 7), ("select", 8),
                                                               ("rescue", 8)))
                       + fmt(xch, "push", 8) + fmt(xch, "nccl_all_gather", 8) + fmt(xch, "fcollect", 8)
+                      + fmt(graph, "push_library", 8)
                       + f"  {all(row['exact'].values())}", flush=True)
+    if library is not None:
+        library.destroy()
     group.destroy()
     if not args.cpu:
         nt.finalize_nvshmem()

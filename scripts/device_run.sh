@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# The GPU machine's whole run, or the steps named (default: all of them):
+# The GPU machine's whole run, or the steps named (default: all but merge-library):
 #   kernels  single-GPU benchmark (scripts/bench_kernels.py; JSON saved after every shape)
 #   merge    the merge across 2 GPUs beside the generic merge (scripts/bench_merge.py; needs 2 GPUs)
-#   merge-library  the same with every peer reached through NVSHMEM's device library (not in the default run)
-#   tests    GPU kernel tests and NVSHMEM tests (W = visible GPUs, at most 2), per-test timeouts
+#   merge-library  the same on fewer shapes, plus the push merge with every peer reached through
+#            NVSHMEM's device library, in the same run
+#   tests    GPU kernel tests and NVSHMEM tests (W = visible GPUs, at most 2), per-test timeouts;
+#            the launcher tests run when MPICH's mpiexec is there
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
-# Installs first (the nvshmem4py wheel from .whl/ when carried). Logs and results go under $OUT.
-#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli]    (BENCH_ARGS narrows the benchmark)
+#   launch   the demo started by MPICH's mpiexec (Hydra, PMI-1): NVSHMEM's PMI bootstrap, then over mpi4py
+# Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
+# Logs and results go under $OUT.
+#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch]
+#        (BENCH_ARGS narrows the kernel benchmark)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4294967296}  # the merge benchmark keeps 36 workspaces
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-STEPS=${*:-kernels merge tests cli}
+STEPS=${*:-kernels merge tests cli launch}
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+if ls .whl/launcher/mpich-*.whl > /dev/null 2>&1; then  # mpiexec in bin/, libmpi.so.12 (for mpi4py) in lib/
+  python3 -m pip install -q --no-index --no-deps --prefix /tmp/mpich .whl/launcher/mpich-*.whl \
+    && export PATH=/tmp/mpich/bin:$PATH LD_LIBRARY_PATH=/tmp/mpich/lib:${LD_LIBRARY_PATH:-}
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -29,7 +38,7 @@ for step in $STEPS; do
         --out "$OUT/bench_merge.json" 2>&1 | grep -v -i warn | tee "$OUT/bench_merge.log" ;;
     merge-library)
       [ "$GPUS" -ge 2 ] && timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node 2 scripts/bench_merge.py \
-        --device-library always --rows 1 64 --widths 16384 65536 --out "$OUT/bench_merge_library.json" 2>&1 \
+        --library-path --rows 1 64 --widths 16384 65536 --out "$OUT/bench_merge_library.json" 2>&1 \
         | grep -v -i warn | tee "$OUT/bench_merge_library.log" ;;
     tests)
       timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_nvshmem.py \
@@ -42,6 +51,12 @@ for step in $STEPS; do
         [ "$GPUS" -ge 2 ] && timeout 120 torchrun --nproc-per-node 2 -m nvshmem_topk demo
         timeout 240 nvshmem-topk check --impl triton --device cuda --world-sizes 2 8
       } 2>&1 | grep -v -i warn | tee "$OUT/cli.log" ;;
-    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli)"; exit 2 ;;
+    launch)
+      { for bootstrap in pmi mpi; do
+          echo "\$ mpiexec -n 2 python3 -m nvshmem_topk demo --bootstrap $bootstrap"
+          timeout 120 mpiexec -n 2 python3 -m nvshmem_topk demo --bootstrap $bootstrap
+        done
+      } 2>&1 | grep -v -i warn | tee "$OUT/launch.log" ;;
+    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch)"; exit 2 ;;
   esac
 done

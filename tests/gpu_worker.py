@@ -1,8 +1,11 @@
-"""One rank of the NVSHMEM tests on GPUs (started by launch.run_ranks, one
-process per GPU). Every rank builds the same global data from one seed and
-keeps its shard; results are gathered and checked against the oracle.
+"""One rank of the NVSHMEM tests on GPUs, one process per GPU: started by
+launch.run_ranks (torchrun's environment; results are gathered over
+torch.distributed and checked against the oracle) or by a PMI launcher
+(BOOTSTRAP pmi or mpi: no torch.distributed; each rank checks its own
+results, which makes every rank equal to the oracle). Every rank builds the
+same global data from one seed and keeps its shard.
 
-    python gpu_worker.py MODE EXCHANGE"""
+    python gpu_worker.py MODE EXCHANGE [DEVICE_LIBRARY [BOOTSTRAP]]"""
 
 from __future__ import annotations
 
@@ -14,12 +17,15 @@ import torch
 import torch.distributed as dist
 
 import nvshmem_topk as nt
-from nvshmem_topk.groups.nvshmem import NvshmemGroup, finalize_nvshmem
+from nvshmem_topk.groups.nvshmem import NvshmemGroup, finalize_nvshmem, launcher_local_rank
 from nvshmem_topk.testing import families
 from oracle import assert_exact, oracle_topk
 
 
 def gathered(ids):
+    """[W, ...] of every rank's ``ids`` (only this rank's without torch.distributed)."""
+    if not dist.is_initialized():
+        return ids.cpu()[None]
     parts = [torch.empty_like(ids) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, ids)
     return torch.stack(parts).cpu()
@@ -145,8 +151,13 @@ def timeout_mode(group, exchange):
 def main() -> None:
     mode, exchange = sys.argv[1:3]
     device_library = sys.argv[3] if len(sys.argv) > 3 else "auto"
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("cpu:gloo,cuda:nccl")
+    bootstrap = sys.argv[4] if len(sys.argv) > 4 else "torch"
+    if bootstrap == "torch":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("cpu:gloo,cuda:nccl")
+    else:
+        torch.cuda.set_device(launcher_local_rank())
+        nt.init_nvshmem(bootstrap)
     group = NvshmemGroup(device_library=device_library)
     modes = {"families": families_mode, "graph": graph_mode, "soak": soak_mode, "compiled": compiled_mode,
              "timeout": timeout_mode}

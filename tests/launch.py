@@ -2,7 +2,9 @@
 torchrun's environment contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT), each rank's exit code and output collected, everything killed
 at the timeout. Faults (a rank that dies or never arrives) stay visible per
-rank, which torchrun's agent would hide by stopping the others."""
+rank, which torchrun's agent would hide by stopping the others.
+``run_launched`` starts the W ranks through a PMI launcher instead (MPICH's
+Hydra ``mpiexec``, nvshmrun), with the same timeout."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,3 +55,31 @@ def run_ranks(args: list[str], world_size: int, timeout_s: float, env: dict | No
             out, _ = proc.communicate()
             results.append(RankResult(rank, None, out + f"\n[killed after {timeout_s} s]"))
     return results
+
+
+def run_launched(launcher: str, args: list[str], world_size: int, timeout_s: float,
+                 env: dict | None = None) -> list[RankResult]:
+    """``launcher -n W python args`` (Hydra's options: MPICH's mpiexec,
+    nvshmrun), each rank's output to its own file (Hydra forwards the ranks'
+    output in chunks, which can split a line); the launcher's process group
+    is killed at the timeout. Every rank's result is the job's exit code."""
+    job_env = dict(os.environ, OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), **(env or {}))
+    with tempfile.TemporaryDirectory() as logs:
+        command = [launcher, "-n", str(world_size), "-outfile-pattern", f"{logs}/out.%r",
+                   "-errfile-pattern", f"{logs}/err.%r", sys.executable, *args]
+        proc = subprocess.Popen(command, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            launcher_out, _ = proc.communicate(timeout=timeout_s)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            launcher_out, _ = proc.communicate()
+            code, launcher_out = None, launcher_out + f"\n[killed after {timeout_s} s]"
+        results = []
+        for rank in range(world_size):
+            output = "".join(Path(logs, f"{kind}.{rank}").read_text() for kind in ("out", "err")
+                             if Path(logs, f"{kind}.{rank}").exists())
+            results.append(RankResult(rank, code, output + launcher_out))
+        return results

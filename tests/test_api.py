@@ -155,7 +155,8 @@ def _ws(**kw):
     (dict(timeout_s=0), ValueError, "timeout_s must be > 0"),
     (dict(topk=100), ValueError, "topk must be"),
     (dict(exchange="nccl"), ValueError, "exchange must be one of \\('push', 'all_gather', 'fcollect'\\)"),
-    (dict(exchange="fcollect"), ValueError, "exchange='fcollect' needs an NvshmemGroup, got SimulatedRank"),
+    (dict(exchange="all_gather"), ValueError, r"exchange='all_gather' is not one that SimulatedRank runs"),
+    (dict(exchange="fcollect"), ValueError, r"exchange='fcollect' is not one that SimulatedRank runs: \('push',\)"),
 ])
 def test_init_rejects_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -270,6 +271,13 @@ def test_indexer_adapter_seed_call_shape_and_errors():
 def test_nvshmem_group_rejects_an_unknown_device_library_mode_first():
     with pytest.raises(ValueError, match="device_library must be one of \\('auto', 'always', 'never'\\), got 'on'"):
         nt.NvshmemGroup(device_library="on")
+
+
+def test_nvshmem_group_and_bootstrap_arguments_are_checked_first():
+    with pytest.raises(ValueError, match="as process_group \\(torchrun\\) or as dcp_size \\(PMI / MPI\\), not both"):
+        nt.NvshmemGroup(object(), dcp_size=2)
+    with pytest.raises(ValueError, match="bootstrap must be one of \\('torch', 'pmi', 'mpi'\\), got 'slurm'"):
+        nt.init_nvshmem("slurm")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("nvshmem") is not None, reason="nvshmem4py is installed here")

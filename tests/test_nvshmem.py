@@ -1,13 +1,18 @@
 """The merge across GPUs through NVSHMEM (one process per GPU, started by
-launch.run_ranks with a hard timeout). Needs CUDA and nvshmem4py; W is the
-number of visible GPUs, at most 2 here (tests/gpu_worker.py runs any W)."""
+launch.run_ranks, or by a PMI launcher, with a hard timeout). Needs CUDA and
+nvshmem4py; W is the number of visible GPUs, at most 2 here
+(tests/gpu_worker.py runs any W). The launcher tests need MPICH's Hydra
+``mpiexec`` (the ``mpich`` wheel) on PATH or in NVSHMEM_TOPK_MPIEXEC, and
+mpi4py for bootstrap="mpi"."""
 
 import importlib.util
+import os
+import shutil
 
 import pytest
 import torch
 
-from launch import TESTS, run_ranks
+from launch import TESTS, run_launched, run_ranks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -62,3 +67,21 @@ def test_a_skipped_merge_raises_on_the_peer():
     results = _run("timeout", "push", timeout_s=120)
     assert "rank 1 skipped a merge" in results[1].output, results[1].output
     assert results[0].returncode == 0 and "rank 0 raised after" in results[0].output, results[0].output
+
+
+MPIEXEC = os.environ.get("NVSHMEM_TOPK_MPIEXEC") or shutil.which("mpiexec")
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="needs a PMI launcher (MPICH's mpiexec)")
+@pytest.mark.parametrize("bootstrap,mode,marker", [
+    ("pmi", "families", "ok 26"), ("pmi", "graph", "replays ok 1000"), ("mpi", "families", "ok 26"),
+])
+def test_launched_by_mpiexec_exact(bootstrap, mode, marker):
+    """No torchrun, no torch.distributed: NVSHMEM's own PMI bootstrap, or the
+    unique id over mpi4py; each rank checks its own ids against the oracle."""
+    if bootstrap == "mpi" and importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("needs mpi4py")
+    results = run_launched(MPIEXEC, [str(TESTS / "gpu_worker.py"), mode, "push", "auto", bootstrap], WORLD, 400,
+                           env=SAFE_ENV)
+    for r in results:
+        assert r.returncode == 0 and f"rank {r.rank} {marker}" in r.output, r.output

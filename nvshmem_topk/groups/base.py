@@ -54,6 +54,12 @@ class DcpGroup(Protocol):
         rank by rank, in protocol order, by the caller)."""
         ...
 
+    @property
+    def exchanges(self) -> tuple[str, ...]:
+        """The round-1 exchanges this group can run (``EXCHANGES`` of
+        ``init_dcp_topk_merge``)."""
+        ...
+
     def alloc_symmetric(self, shape: tuple[int, ...], dtype: torch.dtype) -> SymmetricTensor:
         """Collective: every rank allocates the same shape, zero-filled."""
         ...

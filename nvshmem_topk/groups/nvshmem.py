@@ -1,11 +1,13 @@
 """GPU group: symmetric memory on the NVSHMEM heap, peers by load/store.
 
-NVSHMEM is started once per process over torch.distributed (rank 0 of the
-world draws a unique id, ``broadcast_object_list`` hands it to every rank),
-or joined when the process already runs in an NVSHMEM job. One NVSHMEM PE is
-one torch.distributed world rank. A DCP group is a team of the NVSHMEM
-world: the world itself, or, when the DCP groups are smaller (TP = 8 with
-DCP = 4 gives two), one strided split per DCP group.
+NVSHMEM is started once per process (``init_nvshmem``): over
+torch.distributed under torchrun (rank 0 of the world draws a unique id,
+``broadcast_object_list`` hands it to every rank), by NVSHMEM's own PMI
+bootstrap under a PMI launcher (nvshmrun, MPICH's Hydra ``mpiexec``), or over
+an mpi4py communicator; or it is joined when the process already runs in an
+NVSHMEM job. One NVSHMEM PE is one process. A DCP group is a team of the
+NVSHMEM world: the world itself or, when the DCP groups are smaller (TP = 8
+with DCP = 4 gives two), one strided split per DCP group.
 
 Allocations (``nvshmem_malloc``) are collective over the whole NVSHMEM job,
 not only the team: every rank builds its workspaces at the same points, in
@@ -21,6 +23,8 @@ its team (collective); ``finalize_nvshmem()`` ends NVSHMEM for the process
 when this library started it. Nothing is freed from ``__del__``."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -49,28 +53,78 @@ def _initialised(core) -> bool:
     return core.init_status() >= core.InitStatus.STATUS_IS_INITIALIZED
 
 
-def init_nvshmem() -> None:
-    """Start NVSHMEM in this process over torch.distributed's world, unless
-    it already runs (an NVSHMEM job started by nvshmrun or MPI). Collective
-    over the world. Select the CUDA device first
-    (``torch.cuda.set_device(local_rank)``)."""
+BOOTSTRAPS = ("torch", "pmi", "mpi")
+
+
+def init_nvshmem(bootstrap: str = "torch") -> None:
+    """Start NVSHMEM in this process, unless it already runs (an NVSHMEM job
+    started elsewhere is joined). Select the CUDA device first
+    (``torch.cuda.set_device(local_rank)``). Collective over the job.
+
+    bootstrap: "torch": over torch.distributed's world (torchrun, after
+    ``init_process_group``); "pmi": NVSHMEM's own PMI bootstrap, under a PMI
+    launcher (nvshmrun, or MPICH's Hydra ``mpiexec``; NVSHMEM_BOOTSTRAP and
+    NVSHMEM_BOOTSTRAP_PMI choose the wire protocol, PMI-1 by default);
+    "mpi": over mpi4py's ``COMM_WORLD`` (rank 0's unique id by ``MPI_Bcast``,
+    so any MPI that mpi4py runs on will do: NVSHMEM's own MPI bootstrap
+    plugin is built for Open MPI only)."""
     global _STARTED_HERE
+    if bootstrap not in BOOTSTRAPS:
+        raise ValueError(f"bootstrap must be one of {BOOTSTRAPS}, got {bootstrap!r}")
     core = _nvshmem()
     if _initialised(core):
         return
-    if not dist.is_initialized():
-        raise RuntimeError("init_nvshmem needs torch.distributed initialised (torchrun + init_process_group)")
+    if bootstrap == "torch" and not dist.is_initialized():
+        raise RuntimeError("init_nvshmem('torch') needs torch.distributed initialised (torchrun + "
+                           "init_process_group); under nvshmrun / mpiexec use bootstrap='pmi' or 'mpi'")
     if not torch.cuda.is_available():
         raise RuntimeError("NVSHMEM needs a CUDA device; none is visible")
     from cuda.core import Device
 
     device = Device(torch.cuda.current_device())
     device.set_current()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    uid = [core.get_unique_id(empty=rank != 0)]
-    dist.broadcast_object_list(uid, src=0)
-    core.init(device=device, uid=uid[0], rank=rank, nranks=world, initializer_method="uid")
+    if bootstrap == "torch":
+        rank, world = dist.get_rank(), dist.get_world_size()
+        uid = [core.get_unique_id(empty=rank != 0)]
+        dist.broadcast_object_list(uid, src=0)
+        core.init(device=device, uid=uid[0], rank=rank, nranks=world, initializer_method="uid")
+    elif bootstrap == "mpi":
+        core.init(device=device, initializer_method="emulated_mpi")
+    else:
+        _init_from_environment(core, device)
     _STARTED_HERE = True
+
+
+LOCAL_RANK_VARIABLES = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+
+
+def launcher_local_rank() -> int | None:
+    """This process's rank on its node as a PMI / MPI launcher tells it
+    (MPICH's Hydra, Open MPI, Slurm), or None when none started it: the GPU
+    to select before ``init_nvshmem("pmi")`` / ``("mpi")``."""
+    for name in LOCAL_RANK_VARIABLES:
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
+
+
+def _init_from_environment(core, device) -> None:
+    """NVSHMEM's bootstrap from its environment (NVSHMEM_BOOTSTRAP, PMI by
+    default): ``nvshmemx_hostlib_init_attr`` with no flags. nvshmem4py 0.4
+    has no such entry, so its own init state is set as its ``init`` sets it."""
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+    from nvshmem import bindings
+    from nvshmem.core import _internal_tracking as tracking
+
+    load_nvidia_dynamic_lib("nvshmem_host")
+    tracking._cached_device["device"] = device
+    attr = bindings.InitAttr()
+    attr.version = (1 << 16) + attr._data.itemsize  # NVSHMEMX_INIT_ATTR_INITIALIZER's version
+    attr.mpi_comm = 0
+    if bindings.hostlib_init_attr(0, attr.ptr) is not None:  # None is success
+        raise RuntimeError("NVSHMEM's PMI bootstrap failed: start the processes with a PMI launcher "
+                           "(nvshmrun, or MPICH's mpiexec)")
+    tracking._is_initialized["status"] = tracking.InternalInitStatus.INITIALIZED
 
 
 def finalize_nvshmem() -> None:
@@ -89,42 +143,59 @@ def _stream():
 class NvshmemGroup:
     """This process's rank of a DCP group of GPUs in one NVSHMEM job.
 
-    process_group: the DCP group's torch.distributed group (default: the
-    world). Its members, as world ranks, must be evenly strided (consecutive
-    ranks, or every TP-th one); each is the NVSHMEM PE of the same number.
-    Every world rank builds its own DCP group's NvshmemGroup at the same
-    point (the team split is collective over the world). ``exchange=
-    "all_gather"`` needs this group to be an NCCL group; ``exchange=
-    "fcollect"`` uses the team. device_library: "auto", "always" or "never"
-    (see the module's docstring)."""
+    Under torchrun: process_group: the DCP group's torch.distributed group
+    (default: the world). Its members, as world ranks, must be evenly
+    strided (consecutive ranks, or every TP-th one); each is the NVSHMEM PE
+    of the same number. Started by a PMI or MPI launcher
+    (``init_nvshmem("pmi")`` / ``("mpi")`` first, no torch.distributed):
+    dcp_size: the DCP groups are the consecutive blocks of ``dcp_size`` PEs
+    (default: the whole job). Every rank builds its own DCP group's
+    NvshmemGroup at the same point (the team split is collective over the
+    job). ``exchange="all_gather"`` needs the torch.distributed group to be an
+    NCCL group; ``exchange="fcollect"`` uses the team. device_library:
+    "auto", "always" or "never" (see the module's docstring)."""
 
     shares_process = False
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, device_library: str = "auto") -> None:
+    def __init__(self, process_group: dist.ProcessGroup | None = None, device_library: str = "auto", *,
+                 dcp_size: int | None = None) -> None:
         if device_library not in DEVICE_LIBRARY_MODES:
             raise ValueError(f"device_library must be one of {DEVICE_LIBRARY_MODES}, got {device_library!r}")
-        init_nvshmem()
+        if process_group is not None and dcp_size is not None:
+            raise ValueError("give the DCP group as process_group (torchrun) or as dcp_size (PMI / MPI), not both")
         core = _nvshmem()
+        if not _initialised(core):
+            init_nvshmem("torch")
         self._core = core
         self._pg = process_group
-        members = dist.get_process_group_ranks(process_group) if process_group is not None \
-            else list(range(dist.get_world_size()))
+        self._torch = dcp_size is None and dist.is_initialized()
+        if self._torch:
+            pes = dist.get_world_size()
+            members = dist.get_process_group_ranks(process_group) if process_group is not None \
+                else list(range(pes))
+        else:
+            pes = core.n_pes()
+            size = pes if dcp_size is None else dcp_size
+            if not (isinstance(size, int) and size >= 1 and pes % size == 0):
+                raise ValueError(f"dcp_size must divide the job's {pes} PEs, got {dcp_size!r}")
+            first = core.my_pe() // size * size
+            members = list(range(first, first + size))
         self._members = members
-        self._rank = members.index(dist.get_rank())
+        self._rank = members.index(core.my_pe())
         self._device = torch.device("cuda", torch.cuda.current_device())
-        self._team = self._split_team(members)
+        self._team = core.Teams.TEAM_WORLD if len(members) == pes else self._split_team(members, pes)
         self._tensors: list[torch.Tensor] = []
         self._library_peers = self._find_library_peers(device_library)
 
-    def _split_team(self, members: list[int]):
-        """The NVSHMEM team of this DCP group: every world rank calls the
-        split of every DCP group, in one order, and keeps its own."""
+    def _split_team(self, members: list[int], pes: int):
+        """The NVSHMEM team of this DCP group: every PE calls the split of
+        every DCP group, in one order, and keeps its own."""
         core = self._core
-        world = dist.get_world_size()
-        if len(members) == world:
-            return core.Teams.TEAM_WORLD
-        every = [None] * world
-        dist.all_gather_object(every, members)
+        if self._torch:
+            every = [None] * pes
+            dist.all_gather_object(every, members)
+        else:
+            every = [list(range(first, first + len(members))) for first in range(0, pes, len(members))]
         mine = None
         for group in sorted({tuple(g) for g in every}):
             stride = group[1] - group[0] if len(group) > 1 else 1
@@ -200,6 +271,10 @@ class NvshmemGroup:
                 addresses.append(peers[-1].data_ptr())
         ptrs = torch.tensor(addresses, dtype=torch.int64, device=self._device)
         return SymmetricTensor(local, tuple(peers), ptrs)
+
+    @property
+    def exchanges(self) -> tuple[str, ...]:
+        return ("push", "all_gather", "fcollect") if self._torch else ("push", "fcollect")
 
     def all_gather(self, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:
         """[W, *tensor.shape] by NCCL ``all_gather_into_tensor`` on the

@@ -59,6 +59,7 @@ class ShmGroup:
     torchrun's environment initialises via ``ShmGroup.from_env()``)."""
 
     shares_process = False
+    exchanges = ("push", "all_gather")
 
     def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
         if not dist.is_initialized():

@@ -47,6 +47,7 @@ class SimulatedRank:
     """Rank ``rank`` of a ``SimulatedGroup``."""
 
     shares_process = True
+    exchanges = ("push",)
 
     def __init__(self, owner: SimulatedGroup, rank: int) -> None:
         self._owner = owner
