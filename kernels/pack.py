@@ -10,17 +10,18 @@ The pack itself runs the walk over a short candidate list, not the row:
   1. estimate (a program per row): the histograms over an evenly spread
      sample of the row give a score ``tau`` that, by the sample, comfortably
      more than N tokens reach;
-  2. count, then write (a program per block of the row): tokens >= tau are
-     candidates; each block counts its own, then writes their local ids, in
-     order, after the candidates of the blocks before it;
-  3. finish (a program per row): when the candidates hold the row's top-N
-     (at least N of them, or tau = 0 so that every valid token is one; none
-     dropped for lack of room), the same two histograms and compaction run
-     over them, held in registers (or walked tile by tile when more than a
-     tile came); otherwise the exact walk runs over the whole row. Either
-     way the output is ``reference.pack``'s, bit for bit: tau decides how
-     much work is done, never what is written.
-Only the two block passes read the whole row, and they only compare; the
+  2. filter (a program per block of the row): tokens >= tau are
+     candidates; each block writes their local ids, in order, to its own
+     region of the scratch, and their count;
+  3. finish (a program per row): the running sums of the counts place each
+     region's candidates in the row's list (a binary search per slot). When
+     the candidates hold the row's top-N (at least N of them, or tau = 0 so
+     that every valid token is one; not more than the room), the same two
+     histograms and compaction run over them, held in registers (or walked
+     tile by tile when more than a tile came); otherwise the exact walk runs
+     over the whole row. Either way the output is ``reference.pack``'s, bit
+     for bit: tau decides how much work is done, never what is written.
+Only the filter reads the whole row, once, and it only compares; the
 histograms see the sample and the candidates."""
 
 import math
@@ -54,13 +55,32 @@ def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
 
 
 @triton.jit
-def _walk_tokens(in_row, list_ptr, start, count, FROM_LIST: tl.constexpr, BLOCK: tl.constexpr):
+def _candidate_ids(scratch, slot, total, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, BLOCK: tl.constexpr):
+    """Local ids of candidates ``slot`` (in ascending local id) of a row
+    whose blocks wrote their candidates to their own regions: a binary
+    search over the blocks' inclusive ends (stored by the finish) finds the
+    block of each slot, the first whose end is past it."""
+    ends = scratch + 1 + BLOCKS
+    block = tl.zeros(slot.shape, dtype=tl.int32)
+    for k in tl.static_range(20):  # halving steps BLOCKS_P2 / 2, ..., 1 (compile-time)
+        if (BLOCKS_P2 >> (k + 1)) > 0:
+            probe = block + (BLOCKS_P2 >> (k + 1))
+            end = tl.load(ends + probe - 1, mask=probe <= BLOCKS, other=total)
+            block = tl.where(end <= slot, probe, block)
+    count = tl.load(scratch + 1 + block, mask=slot < total, other=0)
+    start = tl.load(ends + block, mask=slot < total, other=0) - count
+    return tl.load(scratch + 1 + 2 * BLOCKS + block.to(tl.int64) * BLOCK + slot - start, mask=slot < total, other=0)
+
+
+@triton.jit
+def _walk_tokens(in_row, scratch, start, count, FROM_LIST: tl.constexpr, BLOCKS: tl.constexpr,
+                 BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, BLOCK: tl.constexpr):
     """Local ids of tokens [start, start + BLOCK) of a walk over ``count``
-    tokens (the candidate list at ``list_ptr``, or the row itself), and their
-    (ord16 score, valid)."""
+    tokens (the candidates in ``scratch``'s block regions, or the row
+    itself), and their (ord16 score, valid)."""
     i = start + tl.arange(0, BLOCK)
     if FROM_LIST:
-        local = tl.load(list_ptr + i, mask=i < count, other=0)
+        local = _candidate_ids(scratch, i, count, BLOCKS, BLOCKS_P2, REGION)
     else:
         local = i
     score, valid = _scores(in_row, local, i < count)
@@ -68,12 +88,12 @@ def _walk_tokens(in_row, list_ptr, start, count, FROM_LIST: tl.constexpr, BLOCK:
 
 
 @triton.jit
-def _walk_histogram(in_row, list_ptr, count, high_byte, SELECT_LOW: tl.constexpr, FROM_LIST: tl.constexpr,
-                    BLOCK: tl.constexpr):
+def _walk_histogram(in_row, scratch, count, high_byte, SELECT_LOW: tl.constexpr, FROM_LIST: tl.constexpr,
+                    BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, BLOCK: tl.constexpr):
     hist = tl.zeros((256,), dtype=tl.int32)
     start = 0
     while start < count:  # a while loop: the bound is a run-time scalar
-        _, score, valid = _walk_tokens(in_row, list_ptr, start, count, FROM_LIST, BLOCK)
+        _, score, valid = _walk_tokens(in_row, scratch, start, count, FROM_LIST, BLOCKS, BLOCKS_P2, REGION, BLOCK)
         hist += _histogram(score, valid, high_byte, SELECT_LOW)
         start += BLOCK
     return hist
@@ -119,22 +139,23 @@ def _zero_row(out_row, WORDS: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _walk(in_row, list_ptr, count, out_row, N: tl.constexpr, PLANES: tl.constexpr, FROM_LIST: tl.constexpr,
-          BLOCK: tl.constexpr):
-    """Write the packed top-N of ``count`` tokens (the candidate list, in
+def _walk(in_row, scratch, count, out_row, N: tl.constexpr, PLANES: tl.constexpr, FROM_LIST: tl.constexpr,
+          BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, BLOCK: tl.constexpr):
+    """Write the packed top-N of ``count`` tokens (the candidates, in
     ascending local id, or the row) to ``out_row``, in one program, BLOCK
     tokens at a time: two histogram passes, then the ordered compaction."""
     _zero_row(out_row, N + PLANES * (N // 32), BLOCK)
     tl.debug_barrier()
-    high = _walk_histogram(in_row, list_ptr, count, 0, False, FROM_LIST, BLOCK)
+    high = _walk_histogram(in_row, scratch, count, 0, False, FROM_LIST, BLOCKS, BLOCKS_P2, REGION, BLOCK)
     high_bucket, _ = _boundary(high, N)
-    low = _walk_histogram(in_row, list_ptr, count, high_bucket, True, FROM_LIST, BLOCK)
+    low = _walk_histogram(in_row, scratch, count, high_bucket, True, FROM_LIST, BLOCKS, BLOCKS_P2, REGION, BLOCK)
     threshold, ties_taken = _threshold(high, low, N)
     kept = tl.zeros((), dtype=tl.int32)
     ties_seen = tl.zeros((), dtype=tl.int32)
     start = 0
     while start < count:
-        local, score, valid = _walk_tokens(in_row, list_ptr, start, count, FROM_LIST, BLOCK)
+        local, score, valid = _walk_tokens(in_row, scratch, start, count, FROM_LIST, BLOCKS, BLOCKS_P2, REGION,
+                                           BLOCK)
         kept, ties_seen = _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen, N, PLANES)
         start += BLOCK
 
@@ -143,7 +164,7 @@ def _walk(in_row, list_ptr, count, out_row, N: tl.constexpr, PLANES: tl.constexp
 def pack_row(in_row, end, out_row, N: tl.constexpr, PLANES: tl.constexpr, BLOCK: tl.constexpr):
     """The exact walk over the whole row: the packed top-N of scores
     ``in_row[0:end]`` to ``out_row`` (N + PLANES * N / 32 int32 words)."""
-    _walk(in_row, in_row, end, out_row, N, PLANES, False, BLOCK)
+    _walk(in_row, in_row, end, out_row, N, PLANES, False, 1, 1, 1, BLOCK)
 
 
 @triton.jit
@@ -171,7 +192,8 @@ def _row_end(row_ends_ptr, row, width_limit):
 
 
 # Scratch per row (int32): [0] tau, [1, 1 + BLOCKS) candidates per block,
-# then room for ROOM candidate local ids.
+# [1 + BLOCKS, 1 + 2 BLOCKS) their inclusive running sums (by the finish),
+# then one region of BLOCK candidate local ids per block.
 
 
 @triton.jit
@@ -210,44 +232,37 @@ def _block_candidates(logits_ptr, row_ends_ptr, scratch_ptr, logits_stride, widt
 
 
 @triton.jit
-def count_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
-                 BLOCK: tl.constexpr):
-    block, scratch, _, candidate = _block_candidates(logits_ptr, row_ends_ptr, scratch_ptr, logits_stride,
-                                                     width_limit, scratch_stride, BLOCK)
-    tl.store(scratch + 1 + block, tl.sum(tl.sum(candidate.to(tl.int32), axis=1), axis=0))
-
-
-@triton.jit
-def write_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
-                 BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, ROOM: tl.constexpr, BLOCK: tl.constexpr):
-    block = tl.program_id(0)
-    scratch = scratch_ptr + tl.program_id(1).to(tl.int64) * scratch_stride
-    if tl.load(scratch + 1 + block) > 0:  # a block without candidates reads nothing more
-        block, scratch, local, candidate = _block_candidates(logits_ptr, row_ends_ptr, scratch_ptr,
-                                                             logits_stride, width_limit, scratch_stride, BLOCK)
-        earlier = tl.arange(0, BLOCKS_P2)
-        first = tl.sum(tl.load(scratch + 1 + earlier, mask=earlier < block, other=0), axis=0)
-        flag = candidate.to(tl.int32)
-        per_line = tl.sum(flag, axis=1)
-        pos = first + (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag
-        tl.store(scratch + 1 + BLOCKS + pos, local, mask=candidate & (pos < ROOM))
+def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
+                  BLOCKS: tl.constexpr, BLOCK: tl.constexpr):
+    """One read of the block: its candidates' local ids, in order, to the
+    block's own region, and their count (the finish finds where each
+    region's candidates fall in the row's list)."""
+    block, scratch, local, candidate = _block_candidates(logits_ptr, row_ends_ptr, scratch_ptr, logits_stride,
+                                                         width_limit, scratch_stride, BLOCK)
+    flag = candidate.to(tl.int32)
+    per_line = tl.sum(flag, axis=1)
+    pos = (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag
+    tl.store(scratch + 1 + 2 * BLOCKS + block.to(tl.int64) * BLOCK + pos, local, mask=candidate)
+    tl.store(scratch + 1 + block, tl.sum(per_line, axis=0))
 
 
 @triton.jit
 def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
                   N: tl.constexpr, PLANES: tl.constexpr, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                  TILE: tl.constexpr, ROOM: tl.constexpr, ROW_BLOCK: tl.constexpr):
+                  REGION: tl.constexpr, TILE: tl.constexpr, ROOM: tl.constexpr, ROW_BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
-    candidates = scratch + 1 + BLOCKS
     in_row = logits_ptr + row * logits_stride
     out_row = out_ptr + row * (N + PLANES * (N // 32))
     blocks = tl.arange(0, BLOCKS_P2)
-    total = tl.sum(tl.load(scratch + 1 + blocks, mask=blocks < BLOCKS, other=0), axis=0)
+    ends = tl.cumsum(tl.load(scratch + 1 + blocks, mask=blocks < BLOCKS, other=0), axis=0)
+    tl.store(scratch + 1 + BLOCKS + blocks, ends, mask=blocks < BLOCKS)
+    total = tl.max(ends, axis=0)
+    tl.debug_barrier()  # the ends, before any program thread searches them
     complete = (total <= ROOM) & ((total >= N) | (tl.load(scratch) == 0))
     if complete & (total <= TILE):  # the common case: loaded once, selected in registers
         slot = tl.arange(0, TILE)
-        local = tl.load(candidates + slot, mask=slot < total, other=0)
+        local = _candidate_ids(scratch, slot, total, BLOCKS, BLOCKS_P2, REGION)
         score, valid = _scores(in_row, local, slot < total)
         _zero_row(out_row, N + PLANES * (N // 32), 1024)
         threshold, ties_taken = _tile_threshold(score, valid, N)
@@ -255,7 +270,7 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
         zero = tl.zeros((), dtype=tl.int32)
         _compact(out_row, local, score, valid, threshold, ties_taken, zero, zero, N, PLANES)
     elif complete:  # more candidates than one tile: walk the list
-        _walk(in_row, candidates, total, out_row, N, PLANES, True, TILE)
+        _walk(in_row, scratch, total, out_row, N, PLANES, True, BLOCKS, BLOCKS_P2, REGION, TILE)
     else:
         pack_row(in_row, _row_end(row_ends_ptr, row, width_limit), out_row, N, PLANES, ROW_BLOCK)
 
@@ -308,16 +323,13 @@ def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int) -> None:
     limit = min(width, max_local_len)
     blocks = max(1, triton.cdiv(limit, FILTER_BLOCK))
     tile, room = candidate_tile(local_topk), candidate_room(local_topk)
-    scratch = torch.empty((rows, 1 + blocks + room), dtype=torch.int32, device=out.device)
+    scratch = torch.empty((rows, 1 + 2 * blocks + blocks * FILTER_BLOCK), dtype=torch.int32, device=out.device)
     args = (logits, row_ends, logits.stride(0), limit, scratch.stride(0))
-    estimate_kernel[(rows,)](scratch, *args, N=local_topk,
-                             SAMPLE=sample_size(local_topk, limit), num_warps=8)
-    count_kernel[(blocks, rows)](scratch, *args, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS)
-    write_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCKS_P2=triton.next_power_of_2(blocks), ROOM=room,
-                                 BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS)
+    estimate_kernel[(rows,)](scratch, *args, N=local_topk, SAMPLE=sample_size(local_topk, limit), num_warps=8)
+    filter_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS)
     finish_kernel[(rows,)](out, scratch, *args, N=local_topk, PLANES=_planes(out, local_topk), BLOCKS=blocks,
-                           BLOCKS_P2=triton.next_power_of_2(blocks), TILE=tile, ROOM=room, ROW_BLOCK=ROW_BLOCK,
-                           num_warps=FINISH_WARPS)
+                           BLOCKS_P2=triton.next_power_of_2(blocks), REGION=FILTER_BLOCK, TILE=tile, ROOM=room,
+                           ROW_BLOCK=ROW_BLOCK, num_warps=FINISH_WARPS)
 
 
 @triton.jit

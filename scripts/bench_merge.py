@@ -13,7 +13,7 @@ Per (T, S_local), K = 2048, N = default_local_topk(K, W):
              also the push merge of a second group that reaches every peer
              through NVSHMEM's device library ("push_library");
   stages     device time per stage of the push merge from torch.profiler over
-             graph replays (pack = estimate + count + write + finish kernels;
+             graph replays (pack = estimate + filter + finish kernels;
              select includes its wait for the peer's rows);
   generic    local torch.topk(k=K), 8-byte (fp32 score bits << 32 | global
              id) pairs all-gathered by NCCL (W*K*8 bytes per row), top-K over
@@ -38,7 +38,7 @@ import nvshmem_topk as nt
 from nvshmem_topk.format import default_local_topk, num_planes, packed_row_words
 from nvshmem_topk.timing import graphed, kernel_times
 
-STAGES = {"estimate_kernel": "pack", "count_kernel": "pack", "write_kernel": "pack", "finish_kernel": "pack",
+STAGES = {"estimate_kernel": "pack", "filter_kernel": "pack", "finish_kernel": "pack",
           "push_rows_kernel": "exchange", "select_kernel": "select", "rescue_kernel": "rescue"}
 
 
