@@ -7,8 +7,8 @@ as a CUDA-graph replay, as serving engines run it; the pack also eagerly
     python scripts/bench_kernels.py --out results.json [--rows 64 --widths 131072]
 
 Bytes (for reading the pack numbers): one pass over bf16 logits reads
-2*T*S bytes; the pack makes two such passes (count, write), plus a sample
-of 2048 tokens per row and the candidates (about 3N per row)."""
+2*T*S bytes; the pack makes one such pass (the filter), plus a sample of
+2048 to 8192 tokens per row and the candidates (about 3N per row)."""
 
 from __future__ import annotations
 
