@@ -55,32 +55,31 @@ def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
 
 
 @triton.jit
-def _candidate_ids(scratch, slot, total, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, BLOCK: tl.constexpr):
+def _candidate_ids(scratch, slot, total, counts, ends, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                   BLOCK: tl.constexpr):
     """Local ids of candidates ``slot`` (in ascending local id) of a row
     whose blocks wrote their candidates to their own regions: a binary
-    search over the blocks' inclusive ends (stored by the finish) finds the
+    search over the blocks' inclusive ends (``ends``, held in registers with
+    the ``counts``; BLOCKS_P2 entries, padded with the total) finds the
     block of each slot, the first whose end is past it."""
-    ends = scratch + 1 + BLOCKS
     block = tl.zeros(slot.shape, dtype=tl.int32)
     for k in tl.static_range(20):  # halving steps BLOCKS_P2 / 2, ..., 1 (compile-time)
         if (BLOCKS_P2 >> (k + 1)) > 0:
             probe = block + (BLOCKS_P2 >> (k + 1))
-            end = tl.load(ends + probe - 1, mask=probe <= BLOCKS, other=total)
-            block = tl.where(end <= slot, probe, block)
-    count = tl.load(scratch + 1 + block, mask=slot < total, other=0)
-    start = tl.load(ends + block, mask=slot < total, other=0) - count
-    return tl.load(scratch + 1 + 2 * BLOCKS + block.to(tl.int64) * BLOCK + slot - start, mask=slot < total, other=0)
+            block = tl.where(tl.gather(ends, probe - 1, 0) <= slot, probe, block)
+    start = tl.gather(ends, block, 0) - tl.gather(counts, block, 0)
+    return tl.load(scratch + 1 + BLOCKS + block.to(tl.int64) * BLOCK + slot - start, mask=slot < total, other=0)
 
 
 @triton.jit
-def _walk_tokens(in_row, scratch, start, count, FROM_LIST: tl.constexpr, BLOCKS: tl.constexpr,
+def _walk_tokens(in_row, scratch, counts, ends, start, count, FROM_LIST: tl.constexpr, BLOCKS: tl.constexpr,
                  BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, BLOCK: tl.constexpr):
     """Local ids of tokens [start, start + BLOCK) of a walk over ``count``
     tokens (the candidates in ``scratch``'s block regions, or the row
     itself), and their (ord16 score, valid)."""
     i = start + tl.arange(0, BLOCK)
     if FROM_LIST:
-        local = _candidate_ids(scratch, i, count, BLOCKS, BLOCKS_P2, REGION)
+        local = _candidate_ids(scratch, i, count, counts, ends, BLOCKS, BLOCKS_P2, REGION)
     else:
         local = i
     score, valid = _scores(in_row, local, i < count)
@@ -88,12 +87,13 @@ def _walk_tokens(in_row, scratch, start, count, FROM_LIST: tl.constexpr, BLOCKS:
 
 
 @triton.jit
-def _walk_histogram(in_row, scratch, count, high_byte, SELECT_LOW: tl.constexpr, FROM_LIST: tl.constexpr,
+def _walk_histogram(in_row, scratch, counts, ends, count, high_byte, SELECT_LOW: tl.constexpr, FROM_LIST: tl.constexpr,
                     BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, BLOCK: tl.constexpr):
     hist = tl.zeros((256,), dtype=tl.int32)
     start = 0
     while start < count:  # a while loop: the bound is a run-time scalar
-        _, score, valid = _walk_tokens(in_row, scratch, start, count, FROM_LIST, BLOCKS, BLOCKS_P2, REGION, BLOCK)
+        _, score, valid = _walk_tokens(in_row, scratch, counts, ends, start, count, FROM_LIST, BLOCKS, BLOCKS_P2,
+                                       REGION, BLOCK)
         hist += _histogram(score, valid, high_byte, SELECT_LOW)
         start += BLOCK
     return hist
@@ -139,23 +139,25 @@ def _zero_row(out_row, WORDS: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _walk(in_row, scratch, count, out_row, N: tl.constexpr, PLANES: tl.constexpr, FROM_LIST: tl.constexpr,
+def _walk(in_row, scratch, counts, ends, count, out_row, N: tl.constexpr, PLANES: tl.constexpr, FROM_LIST: tl.constexpr,
           BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, BLOCK: tl.constexpr):
     """Write the packed top-N of ``count`` tokens (the candidates, in
     ascending local id, or the row) to ``out_row``, in one program, BLOCK
     tokens at a time: two histogram passes, then the ordered compaction."""
     _zero_row(out_row, N + PLANES * (N // 32), BLOCK)
     tl.debug_barrier()
-    high = _walk_histogram(in_row, scratch, count, 0, False, FROM_LIST, BLOCKS, BLOCKS_P2, REGION, BLOCK)
+    high = _walk_histogram(in_row, scratch, counts, ends, count, 0, False, FROM_LIST, BLOCKS, BLOCKS_P2, REGION,
+                           BLOCK)
     high_bucket, _ = _boundary(high, N)
-    low = _walk_histogram(in_row, scratch, count, high_bucket, True, FROM_LIST, BLOCKS, BLOCKS_P2, REGION, BLOCK)
+    low = _walk_histogram(in_row, scratch, counts, ends, count, high_bucket, True, FROM_LIST, BLOCKS, BLOCKS_P2,
+                          REGION, BLOCK)
     threshold, ties_taken = _threshold(high, low, N)
     kept = tl.zeros((), dtype=tl.int32)
     ties_seen = tl.zeros((), dtype=tl.int32)
     start = 0
     while start < count:
-        local, score, valid = _walk_tokens(in_row, scratch, start, count, FROM_LIST, BLOCKS, BLOCKS_P2, REGION,
-                                           BLOCK)
+        local, score, valid = _walk_tokens(in_row, scratch, counts, ends, start, count, FROM_LIST, BLOCKS,
+                                           BLOCKS_P2, REGION, BLOCK)
         kept, ties_seen = _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen, N, PLANES)
         start += BLOCK
 
@@ -164,7 +166,8 @@ def _walk(in_row, scratch, count, out_row, N: tl.constexpr, PLANES: tl.constexpr
 def pack_row(in_row, end, out_row, N: tl.constexpr, PLANES: tl.constexpr, BLOCK: tl.constexpr):
     """The exact walk over the whole row: the packed top-N of scores
     ``in_row[0:end]`` to ``out_row`` (N + PLANES * N / 32 int32 words)."""
-    _walk(in_row, in_row, end, out_row, N, PLANES, False, 1, 1, 1, BLOCK)
+    unused = tl.zeros((1,), dtype=tl.int32)
+    _walk(in_row, in_row, unused, unused, end, out_row, N, PLANES, False, 1, 1, 1, BLOCK)
 
 
 @triton.jit
@@ -192,7 +195,6 @@ def _row_end(row_ends_ptr, row, width_limit):
 
 
 # Scratch per row (int32): [0] tau, [1, 1 + BLOCKS) candidates per block,
-# [1 + BLOCKS, 1 + 2 BLOCKS) their inclusive running sums (by the finish),
 # then one region of BLOCK candidate local ids per block.
 
 
@@ -242,7 +244,7 @@ def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_li
     flag = candidate.to(tl.int32)
     per_line = tl.sum(flag, axis=1)
     pos = (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag
-    tl.store(scratch + 1 + 2 * BLOCKS + block.to(tl.int64) * BLOCK + pos, local, mask=candidate)
+    tl.store(scratch + 1 + BLOCKS + block.to(tl.int64) * BLOCK + pos, local, mask=candidate)
     tl.store(scratch + 1 + block, tl.sum(per_line, axis=0))
 
 
@@ -255,14 +257,13 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
     in_row = logits_ptr + row * logits_stride
     out_row = out_ptr + row * (N + PLANES * (N // 32))
     blocks = tl.arange(0, BLOCKS_P2)
-    ends = tl.cumsum(tl.load(scratch + 1 + blocks, mask=blocks < BLOCKS, other=0), axis=0)
-    tl.store(scratch + 1 + BLOCKS + blocks, ends, mask=blocks < BLOCKS)
+    counts = tl.load(scratch + 1 + blocks, mask=blocks < BLOCKS, other=0)
+    ends = tl.cumsum(counts, axis=0)
     total = tl.max(ends, axis=0)
-    tl.debug_barrier()  # the ends, before any program thread searches them
     complete = (total <= ROOM) & ((total >= N) | (tl.load(scratch) == 0))
     if complete & (total <= TILE):  # the common case: loaded once, selected in registers
         slot = tl.arange(0, TILE)
-        local = _candidate_ids(scratch, slot, total, BLOCKS, BLOCKS_P2, REGION)
+        local = _candidate_ids(scratch, slot, total, counts, ends, BLOCKS, BLOCKS_P2, REGION)
         score, valid = _scores(in_row, local, slot < total)
         _zero_row(out_row, N + PLANES * (N // 32), 1024)
         threshold, ties_taken = _tile_threshold(score, valid, N)
@@ -270,7 +271,7 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
         zero = tl.zeros((), dtype=tl.int32)
         _compact(out_row, local, score, valid, threshold, ties_taken, zero, zero, N, PLANES)
     elif complete:  # more candidates than one tile: walk the list
-        _walk(in_row, scratch, total, out_row, N, PLANES, True, BLOCKS, BLOCKS_P2, REGION, TILE)
+        _walk(in_row, scratch, counts, ends, total, out_row, N, PLANES, True, BLOCKS, BLOCKS_P2, REGION, TILE)
     else:
         pack_row(in_row, _row_end(row_ends_ptr, row, width_limit), out_row, N, PLANES, ROW_BLOCK)
 
@@ -323,7 +324,7 @@ def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int) -> None:
     limit = min(width, max_local_len)
     blocks = max(1, triton.cdiv(limit, FILTER_BLOCK))
     tile, room = candidate_tile(local_topk), candidate_room(local_topk)
-    scratch = torch.empty((rows, 1 + 2 * blocks + blocks * FILTER_BLOCK), dtype=torch.int32, device=out.device)
+    scratch = torch.empty((rows, 1 + blocks + blocks * FILTER_BLOCK), dtype=torch.int32, device=out.device)
     args = (logits, row_ends, logits.stride(0), limit, scratch.stride(0))
     estimate_kernel[(rows,)](scratch, *args, N=local_topk, SAMPLE=sample_size(local_topk, limit), num_warps=8)
     filter_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS)

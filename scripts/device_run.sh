@@ -11,7 +11,7 @@
 # Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
 # Logs and results go under $OUT.
 #   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch]
-#        (BENCH_ARGS narrows the kernel benchmark)
+#        (BENCH_ARGS narrows the kernel benchmark, TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4294967296}  # the merge benchmark keeps 36 workspaces
@@ -41,8 +41,8 @@ for step in $STEPS; do
         --library-path --rows 1 64 --widths 16384 65536 --out "$OUT/bench_merge_library.json" 2>&1 \
         | grep -v -i warn | tee "$OUT/bench_merge_library.log" ;;
     tests)
-      timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_nvshmem.py \
-        -p no:cacheprovider --timeout 200 --tb=short -rs > "$OUT/gpu_tests.log" 2>&1
+      timeout "${TEST_TIMEOUT:-600}" python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_nvshmem.py \
+        -p no:cacheprovider --timeout 200 --tb=short -rs ${TEST_ARGS:-} > "$OUT/gpu_tests.log" 2>&1
       tail -25 "$OUT/gpu_tests.log" ;;
     cli)
       { nvshmem-topk info

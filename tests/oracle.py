@@ -38,7 +38,8 @@ def assert_exact(ids: torch.Tensor, expected, *, ordered: bool = False) -> None:
     (same list when ``ordered``), -1 padding after, and all ranks equal."""
     world_size, rows, topk = ids.shape
     for r in range(world_size):
-        assert torch.equal(ids[r], ids[0]), f"rank {r} differs from rank 0"
+        differ = (ids[r] != ids[0]).any(dim=1).nonzero().flatten().tolist()
+        assert not differ, f"rank {r} differs from rank 0 in rows {differ}"
     for t in range(rows):
         row = ids[0, t].tolist()
         n = len(expected[t])
