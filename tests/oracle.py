@@ -33,9 +33,17 @@ def oracle_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interle
     return out
 
 
-def assert_exact(ids: torch.Tensor, expected, *, ordered: bool = False) -> None:
+def assert_exact(ids: torch.Tensor, expected, *, ordered: bool = False, context: str = "") -> None:
     """ids [W, T, K] (every rank) against the oracle's lists: same set per row
-    (same list when ``ordered``), -1 padding after, and all ranks equal."""
+    (same list when ``ordered``), -1 padding after, and all ranks equal.
+    ``context`` leads every failure's message (which case, which merge)."""
+    try:
+        _assert_exact(ids, expected, ordered)
+    except AssertionError as err:
+        raise AssertionError(f"{context}: {err}" if context else str(err)) from None
+
+
+def _assert_exact(ids: torch.Tensor, expected, ordered: bool) -> None:
     world_size, rows, topk = ids.shape
     for r in range(world_size):
         differ = (ids[r] != ids[0]).any(dim=1).nonzero().flatten().tolist()

@@ -36,7 +36,7 @@ def test_kernels_match_reference_stage_by_stage(world_size):
     for name, logits, ends, k, n, inter in families(world_size, seed=2, rows=3, width=200, topk=64):
         got = _same_at_every_stage(logits.to(device), ends.to(device), topk=k, local_topk=n,
                                    interleave=inter)
-        assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, k, inter)), name
+        assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, k, inter), context=name)
 
 
 @needs_triton
@@ -48,7 +48,7 @@ def test_topk_not_a_power_of_two(topk, local_topk):
             continue
         got = _same_at_every_stage(logits.to(device), ends.to(device), topk=topk, local_topk=local_topk,
                                    interleave=inter)
-        assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, topk, inter)), name
+        assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, topk, inter), context=name)
 
 
 @needs_triton
