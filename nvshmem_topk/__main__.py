@@ -186,7 +186,8 @@ def info(args: argparse.Namespace) -> int:
     print(f"impl          {'triton' if gpus else 'reference'} by default"
           f"{'' if gpus else ('; triton available (TRITON_INTERPRET=1)' if interpret else '; triton needs TRITON_INTERPRET=1 here')}")
     print("groups        SimulatedGroup (any device); ShmGroup (CPU processes under torchrun); "
-          "NvshmemGroup (GPUs under torchrun, peers by NVLink address)")
+          "NvshmemGroup (GPUs under torchrun, mpiexec or nvshmrun; peers by NVLink address, "
+          "else by NVSHMEM's device library)")
     print("exchange      push (default; stores through the peer table), all_gather (the group's collective), "
           "fcollect (NVSHMEM; NvshmemGroup only)")
     return 0
@@ -266,7 +267,7 @@ def bench(args: argparse.Namespace) -> int:
     for i, (rows, width) in enumerate(grid, 1):
         logits = indexer_like_logits((args.world_size, rows, width), torch.Generator().manual_seed(i)).to(device)
         row_ends = torch.full((args.world_size, rows), width, dtype=torch.int32, device=device)
-        if graphs:  # eager GPU timings would measure Python launches (W ranks x 7 kernels)
+        if graphs:  # eager GPU timings would measure Python launches (W ranks x 6 kernels)
             run, destroy = _simulated_merge(logits, row_ends, args.topk, args.impl)
             merge = _graph_ms(run, args.reps)
             destroy()
