@@ -8,9 +8,10 @@
 #            the launcher tests run when MPICH's mpiexec is there
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
 #   launch   the demo started by MPICH's mpiexec (Hydra, PMI-1): NVSHMEM's PMI bootstrap, then over mpi4py
+#   sweep    the kernels' launch constants on one GPU (scripts/sweep_constants.py; not in the default run)
 # Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
 # Logs and results go under $OUT.
-#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch]
+#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch] [sweep]
 #        (BENCH_ARGS narrows the kernel benchmark, TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
@@ -57,6 +58,9 @@ for step in $STEPS; do
           timeout 120 mpiexec -n 2 python3 -m nvshmem_topk demo --bootstrap $bootstrap
         done
       } 2>&1 | grep -v -i warn | tee "$OUT/launch.log" ;;
-    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch)"; exit 2 ;;
+    sweep)
+      timeout 240 python3 scripts/sweep_constants.py --out "$OUT/sweep_constants.json" 2>&1 | grep -v -i warn \
+        | tee "$OUT/sweep_constants.log" ;;
+    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch, sweep)"; exit 2 ;;
   esac
 done
