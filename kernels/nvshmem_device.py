@@ -4,10 +4,10 @@ A kernel that reaches a peer this way calls the functions below and is
 launched with ``launch_options()``: Triton links NVSHMEM's device bitcode
 into it, and every module that holds NVSHMEM's device state is initialised
 for NVSHMEM (``nvshmemx_cumodule_init``) as it loads, before its first
-launch. Pointers travel as int64
-addresses of symmetric memory on this PE; ``pe`` is the NVSHMEM PE (the
-world rank). Called with scalar arguments, as here, every thread of the block
-makes the call: the ``_block`` put is meant to be called so.
+launch. Pointers travel as int64 addresses of symmetric memory on this PE;
+``pe`` is the NVSHMEM PE (the world rank). Called with scalar arguments, as
+here, every thread of the block makes the call: the ``_block`` put is meant
+to be called so (it synchronises the block before and after its copy).
 
 Ordering: the puts to a PE, ``fence()``, then the flag's atomic set: the
 fence orders the puts before the flag on that PE."""

@@ -249,7 +249,7 @@ def _exchange(ws: DcpTopkWorkspace, impl, packed: torch.Tensor) -> None:
     epoch's parity) and its flags raised: by push, or by a collective
     (NCCL all-gather, NVSHMEM fcollect) whose result is copied in."""
     rows = packed.shape[0]
-    if ws.staging is not None:  # fcollect and device-library puts read symmetric memory
+    if ws.exchange == "fcollect" or ws.library_peers:  # they read symmetric memory
         staged = ws.staging.local[:rows]
         if packed.data_ptr() != staged.data_ptr():
             staged.copy_(packed)
@@ -280,8 +280,7 @@ def _run_merge(workspaces, logits, row_ends, outputs, rows: int, packed=None) ->
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):
         mine = packed[r] if packed is not None else None
         if mine is None:  # fcollect and device-library puts read symmetric memory: pack straight into it
-            mine = ws.staging.local[:rows] if ws.staging is not None else \
-                torch.empty((rows, ws.row_words), dtype=torch.int32, device=ws.device)
+            mine = ws.staging.local[:rows]
             impl.pack(logits[r][:rows], row_ends[r][:rows], mine, local_topk=ws.local_topk,
                       max_local_len=ws.max_local_len)
         _exchange(ws, impl, mine)

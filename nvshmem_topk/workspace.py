@@ -38,9 +38,12 @@ class DcpTopkWorkspace:
               of saturated ranks, slot = popcount(mask & ((1 << q) - 1)).
       flags   int32 [2, W, max_rows]: [0, q, t] = epoch of q's round-1 row t,
               [1, q, t] = epoch of q's pushed list for row t.
-      staging int32 [max_rows, words]: this rank's round-1 rows in symmetric
-              memory, where fcollect and NVSHMEM's device-library puts read
-              them (only with exchange="fcollect" or library peers).
+      staging int32 [max_rows, words]: this rank's round-1 rows (the merge
+              packs into it), in symmetric memory, where fcollect and
+              NVSHMEM's device-library puts read them. Allocated whatever
+              the exchange and the peers, because allocations are collective
+              over the whole NVSHMEM job: another DCP group's ranks may have
+              library peers where this group's have none.
       collect_dst int32 [W * max_rows * words]: fcollect's result (that
               exchange only).
     Local:
@@ -79,9 +82,7 @@ class DcpTopkWorkspace:
         self.flags = group.alloc_symmetric((2, w, max_rows), torch.int32)
         self.library_peers = group.library_peers
         self.pes = torch.tensor(group.pes, dtype=torch.int32, device=self.device)
-        self.staging = None
-        if exchange == "fcollect" or self.library_peers:
-            self.staging = group.alloc_symmetric((max_rows, self.row_words), torch.int32)
+        self.staging = group.alloc_symmetric((max_rows, self.row_words), torch.int32)
         if exchange == "fcollect":
             self.collect_dst = group.alloc_symmetric((w * max_rows * self.row_words,), torch.int32)
         self.epochs = torch.zeros(max_rows, dtype=torch.int32, device=self.device)

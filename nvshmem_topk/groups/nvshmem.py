@@ -121,9 +121,11 @@ def _init_from_environment(core, device) -> None:
     attr = bindings.InitAttr()
     attr.version = (1 << 16) + attr._data.itemsize  # NVSHMEMX_INIT_ATTR_INITIALIZER's version
     attr.mpi_comm = 0
-    if bindings.hostlib_init_attr(0, attr.ptr) is not None:  # None is success
+    try:
+        bindings.hostlib_init_attr(0, attr.ptr)
+    except Exception as err:  # nvshmem4py raises its own error on a non-zero status
         raise RuntimeError("NVSHMEM's PMI bootstrap failed: start the processes with a PMI launcher "
-                           "(nvshmrun, or MPICH's mpiexec)")
+                           "(nvshmrun, or MPICH's mpiexec)") from err
     tracking._is_initialized["status"] = tracking.InternalInitStatus.INITIALIZED
 
 
@@ -210,11 +212,12 @@ class NvshmemGroup:
     def _find_library_peers(self, mode: str) -> int:
         """Bitmask of the ranks reached through the device library: those
         without an address (by a probe allocation), or all others."""
+        # Collective over the job like every allocation, so made in every mode.
+        probe = self._core.tensor((1,), dtype=torch.int32)
+        self._tensors.append(probe)
         others = [q for q in range(self.world_size) if q != self._rank]
         if mode == "always":
             return sum(1 << q for q in others)
-        probe = self._core.tensor((1,), dtype=torch.int32)  # collective, like every allocation
-        self._tensors.append(probe)
         mask = 0
         for q in others:
             try:
