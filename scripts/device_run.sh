@@ -9,9 +9,10 @@
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
 #   launch   the demo started by MPICH's mpiexec (Hydra, PMI-1): NVSHMEM's PMI bootstrap, then over mpi4py
 #   sweep    the kernels' launch constants on one GPU (scripts/sweep_constants.py; not in the default run)
+#   profile  Nsight Compute over one simulated merge (scripts/profile_kernels.py; not in the default run)
 # Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
 # Logs and results go under $OUT.
-#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch] [sweep]
+#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch] [sweep] [profile]
 #        (BENCH_ARGS narrows the kernel benchmark, TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
@@ -61,6 +62,12 @@ for step in $STEPS; do
     sweep)
       timeout 240 python3 scripts/sweep_constants.py --out "$OUT/sweep_constants.json" 2>&1 | grep -v -i warn \
         | tee "$OUT/sweep_constants.log" ;;
-    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch, sweep)"; exit 2 ;;
+    profile)  # --clock-control none: leave the GPU's clocks as they are
+      { timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes \
+          -o "$OUT/kernels" -f python3 scripts/profile_kernels.py
+        ncu --import "$OUT/kernels.ncu-rep" --print-summary per-kernel
+        ncu --import "$OUT/kernels.ncu-rep" --page details --csv > "$OUT/profile_details.csv"
+      } 2>&1 | grep -v -i warn | tee "$OUT/profile.log" | tail -60 ;;
+    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch, sweep, profile)"; exit 2 ;;
   esac
 done

@@ -1,0 +1,53 @@
+"""One merge at the 2-GPU target shape, for Nsight Compute: everything
+compiles and runs once first, then only the calls between cudaProfilerStart
+and cudaProfilerStop are profiled.
+
+    ncu --clock-control none --profile-from-start off --set full -o kernels -f \
+        python3 scripts/profile_kernels.py [--world-size 2 --rows 64 --width 65536]
+
+The merge runs on a simulated group of W ranks on this GPU: each rank's
+pack (three kernels), push, select and rescue, stage by stage, so every
+kernel is profiled W times and no select waits for a peer."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import nvshmem_topk as nt
+from nvshmem_topk import _backends, api
+from nvshmem_topk.format import default_local_topk
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--width", type=int, default=65536)
+    parser.add_argument("--topk", type=int, default=2048)
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    world, rows, width, k = args.world_size, args.rows, args.width, args.topk
+    n = default_local_topk(k, world)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    logits = torch.randn(world, rows, width, device=dev, generator=gen).bfloat16()
+    ends = torch.full((world, rows), width, dtype=torch.int32, device=dev)
+    group = nt.SimulatedGroup(world, dev)
+    wss = [nt.init_dcp_topk_merge(g, max_rows=rows, topk=k, local_topk=n, max_local_len=width, impl="triton")
+           for g in group.ranks]
+    ids = torch.empty(world, rows, k, dtype=torch.int32, device=dev)
+    outs = [_backends.Outputs(ids[r], None, False) for r in range(world)]
+    api._run_merge(wss, list(logits), list(ends), outs, rows)  # compiles every kernel
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    api._run_merge(wss, list(logits), list(ends), outs, rows)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    exact = torch.equal(ids, nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference"))
+    print(f"W={world} T={rows} S={width} K={k} N={n}: one merge profiled, exact={exact}")
+    group.destroy()
+
+
+if __name__ == "__main__":
+    main()
