@@ -280,6 +280,18 @@ def test_nvshmem_group_and_bootstrap_arguments_are_checked_first():
         nt.init_nvshmem("slurm")
 
 
+def test_launcher_local_rank_reads_hydra_open_mpi_and_slurm(monkeypatch):
+    from nvshmem_topk.groups.nvshmem import LOCAL_RANK_VARIABLES, launcher_local_rank
+
+    for name in LOCAL_RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert launcher_local_rank() is None
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    assert launcher_local_rank() == 3
+    monkeypatch.setenv("MPI_LOCALRANKID", "1")  # Hydra (MPICH, nvshmrun) first
+    assert launcher_local_rank() == 1
+
+
 @pytest.mark.skipif(importlib.util.find_spec("nvshmem") is not None, reason="nvshmem4py is installed here")
 def test_nvshmem_group_without_nvshmem4py_says_how_to_install_it():
     with pytest.raises(ImportError, match=r"nvshmem-topk\[nvshmem\]"):
