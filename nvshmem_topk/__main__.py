@@ -25,12 +25,11 @@ import time
 import torch
 
 from . import format as fmt
-from ._backends import Outputs, resolve_impl
-from .api import _run_merge, init_dcp_topk_merge, simulate_dcp_topk_merge
+from ._backends import resolve_impl
+from .api import simulate_dcp_topk_merge
 from .baseline import generic_merge_compute
-from .groups.simulated import SimulatedGroup
 from .testing import families, indexer_like_logits
-from .timing import graphed
+from .timing import SimulatedMerge, graphed
 
 
 def unsharded_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interleave: int) -> list[set]:
@@ -244,18 +243,6 @@ def _graph_ms(fn, reps: int) -> float:
     return _median_ms(graphed(fn, GRAPH_CALLS).replay, torch.device("cuda"), reps) / GRAPH_CALLS
 
 
-def _simulated_merge(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, impl: str):
-    """(merge, destroy): the whole simulated merge on workspaces built once,
-    so that it can be captured in a CUDA graph."""
-    world_size, rows, width = logits.shape
-    group = SimulatedGroup(world_size, logits.device)
-    workspaces = [init_dcp_topk_merge(g, max_rows=rows, topk=topk, max_local_len=width, impl=impl)
-                  for g in group.ranks]
-    ids = torch.empty(world_size, rows, topk, dtype=torch.int32, device=logits.device)
-    outputs = [Outputs(ids[r], None, False) for r in range(world_size)]
-    return (lambda: _run_merge(workspaces, list(logits), list(row_ends), outputs, rows)), group.destroy
-
-
 def bench(args: argparse.Namespace) -> int:
     device = _device(args.device)
     grid = [(rows, width) for rows in args.rows for width in args.widths]
@@ -268,9 +255,9 @@ def bench(args: argparse.Namespace) -> int:
         logits = indexer_like_logits((args.world_size, rows, width), torch.Generator().manual_seed(i)).to(device)
         row_ends = torch.full((args.world_size, rows), width, dtype=torch.int32, device=device)
         if graphs:  # eager GPU timings would measure Python launches (W ranks x 6 kernels)
-            run, destroy = _simulated_merge(logits, row_ends, args.topk, args.impl)
+            run = SimulatedMerge(logits, row_ends, args.topk, args.impl)
             merge = _graph_ms(run, args.reps)
-            destroy()
+            run.destroy()
             generic = _graph_ms(lambda: generic_merge_compute(logits, args.topk), args.reps)
         else:
             merge = _median_ms(lambda: simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=args.impl),

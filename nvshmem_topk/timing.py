@@ -1,8 +1,36 @@
-"""CUDA timing helpers shared by the CLI's bench and the benchmark scripts."""
+"""Timing helpers shared by the CLI's bench and the benchmark scripts."""
 
 from __future__ import annotations
 
 import torch
+
+from ._backends import Outputs
+from .api import _run_merge, init_dcp_topk_merge
+from .groups.simulated import SimulatedGroup
+
+
+class SimulatedMerge:
+    """The whole merge of ``logits`` [W, T, S] over a simulated group of W
+    ranks, on workspaces built once so that calls can be captured in a CUDA
+    graph. Call it to merge; ``workspaces``, ``outputs`` and ``ids``
+    (int32 [W, T, K]) stay for checks and stage timings. ``destroy()``
+    frees the group."""
+
+    def __init__(self, logits: torch.Tensor, row_ends: torch.Tensor, topk: int, impl: str) -> None:
+        world_size, rows, width = logits.shape
+        self.group = SimulatedGroup(world_size, logits.device)
+        self.workspaces = [init_dcp_topk_merge(g, max_rows=rows, topk=topk, max_local_len=width, impl=impl)
+                           for g in self.group.ranks]
+        self.ids = torch.empty(world_size, rows, topk, dtype=torch.int32, device=logits.device)
+        self.outputs = [Outputs(self.ids[r], None, False) for r in range(world_size)]
+        self._inputs = (list(logits), list(row_ends))
+        self._rows = rows
+
+    def __call__(self) -> None:
+        _run_merge(self.workspaces, *self._inputs, self.outputs, self._rows)
+
+    def destroy(self) -> None:
+        self.group.destroy()
 
 
 def graphed(fn, calls: int = 1) -> torch.cuda.CUDAGraph:

@@ -19,10 +19,10 @@ import torch
 import triton.testing
 
 import nvshmem_topk as nt
-from nvshmem_topk import _backends, api, reference
+from nvshmem_topk import _backends, reference
 from nvshmem_topk.baseline import generic_merge_compute
 from nvshmem_topk.format import default_local_topk, packed_row_words
-from nvshmem_topk.timing import graphed, kernel_times
+from nvshmem_topk.timing import SimulatedMerge, graphed, kernel_times
 
 
 def bench(fn) -> float:
@@ -75,31 +75,26 @@ def main() -> None:
         for width in args.widths:
             logits = torch.randn(world, rows, width, device=dev, generator=gen).bfloat16()
             ends = torch.full((world, rows), width, dtype=torch.int32, device=dev)
-            group = nt.SimulatedGroup(world, dev)
-            wss = [nt.init_dcp_topk_merge(g, max_rows=rows, topk=k, local_topk=n, max_local_len=width,
-                                          impl="triton") for g in group.ranks]
-            ids = torch.empty(world, rows, k, dtype=torch.int32, device=dev)
-            outs = [_backends.Outputs(ids[r], None, False) for r in range(world)]
-            run = lambda: api._run_merge(wss, list(logits), list(ends), outs, rows)  # noqa: E731
+            run = SimulatedMerge(logits, ends, k, "triton")
             t_merge = bench(run)
             t_graph = bench(graphed(run).replay)
             t_generic = bench(graphed(lambda: generic_merge_compute(logits, k)).replay)
             expected = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference")
             run()
-            exact = bool(torch.equal(ids, expected))
+            exact = bool(torch.equal(run.ids, expected))
             # The select alone, re-run on one epoch: flags far ahead let its
             # waits pass at once (the select never advances the epoch).
-            for ws in wss:
+            for ws in run.workspaces:
                 ws.flags.local.fill_(1 << 30)
-            tri = _backends.TritonBackend
-            t_select = bench(graphed(lambda: tri.select(wss[0], logits[0], ends[0], rows, outs[0])).replay)
+            ws, out = run.workspaces[0], run.outputs[0]
+            t_select = bench(graphed(lambda: _backends.TritonBackend.select(ws, logits[0], ends[0], rows, out)).replay)
             results["merge"].append(dict(W=world, T=rows, S=width, N=n, merge_eager_us=t_merge,
                                          merge_graph_us=t_graph, generic_us=t_generic,
                                          select_us=t_select, exact=exact))
             save()
             print(f"{'':<14}{rows:>5}{width:>8}{t_merge:>9.1f}{t_graph:>9.1f}{t_generic:>9.1f}"
                   f"{t_generic / t_graph:>8.1f}x{t_select:>9.1f}  exact={exact}")
-            group.destroy()
+            run.destroy()
 
 
 if __name__ == "__main__":

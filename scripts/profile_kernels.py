@@ -16,8 +16,8 @@ import argparse
 import torch
 
 import nvshmem_topk as nt
-from nvshmem_topk import _backends, api
 from nvshmem_topk.format import default_local_topk
+from nvshmem_topk.timing import SimulatedMerge
 
 
 def main() -> None:
@@ -33,20 +33,16 @@ def main() -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     logits = torch.randn(world, rows, width, device=dev, generator=gen).bfloat16()
     ends = torch.full((world, rows), width, dtype=torch.int32, device=dev)
-    group = nt.SimulatedGroup(world, dev)
-    wss = [nt.init_dcp_topk_merge(g, max_rows=rows, topk=k, local_topk=n, max_local_len=width, impl="triton")
-           for g in group.ranks]
-    ids = torch.empty(world, rows, k, dtype=torch.int32, device=dev)
-    outs = [_backends.Outputs(ids[r], None, False) for r in range(world)]
-    api._run_merge(wss, list(logits), list(ends), outs, rows)  # compiles every kernel
+    merge = SimulatedMerge(logits, ends, k, "triton")
+    merge()  # compiles every kernel
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    api._run_merge(wss, list(logits), list(ends), outs, rows)
+    merge()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    exact = torch.equal(ids, nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference"))
+    exact = torch.equal(merge.ids, nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference"))
     print(f"W={world} T={rows} S={width} K={k} N={n}: one merge profiled, exact={exact}")
-    group.destroy()
+    merge.destroy()
 
 
 if __name__ == "__main__":

@@ -16,12 +16,11 @@ import json
 import torch
 import triton.testing
 
-import nvshmem_topk as nt
-from nvshmem_topk import _backends, api, reference
+from nvshmem_topk import _backends, reference
 from nvshmem_topk.format import default_local_topk, packed_row_words
 from nvshmem_topk.kernels import pack as P
 from nvshmem_topk.kernels import select as S
-from nvshmem_topk.timing import graphed
+from nvshmem_topk.timing import SimulatedMerge, graphed
 
 CALLS = 10
 PACK_VARIANTS = [(8, 2048, 4), (16, 2048, 4), (4, 2048, 4), (8, 4096, 4), (8, 4096, 8), (8, 1024, 2)]
@@ -64,23 +63,20 @@ def main() -> None:
         n = default_local_topk(k, world)
         logits = torch.randn(world, rows, width, device=dev, generator=gen).bfloat16()
         ends = torch.full((world, rows), width, dtype=torch.int32, device=dev)
-        group = nt.SimulatedGroup(world, dev)
-        wss = [nt.init_dcp_topk_merge(g, max_rows=rows, topk=k, local_topk=n, max_local_len=width, impl="triton")
-               for g in group.ranks]
-        ids = torch.empty(world, rows, k, dtype=torch.int32, device=dev)
-        outs = [_backends.Outputs(ids[r], None, False) for r in range(world)]
-        api._run_merge(wss, list(logits), list(ends), outs, rows)
-        for ws in wss:
+        merge = SimulatedMerge(logits, ends, k, "triton")
+        merge()
+        for ws in merge.workspaces:  # flags far ahead: the select's waits pass at once
             ws.flags.local.fill_(1 << 30)
+        ws, out = merge.workspaces[0], merge.outputs[0]
         line = f"select W={world} T={rows} N={n}"
         for warps in (4, 8, 16):
             S.SELECT_WARPS = warps
-            us = per_call_us(lambda: _backends.TritonBackend.select(wss[0], logits[0], ends[0], rows, outs[0]))
+            us = per_call_us(lambda: _backends.TritonBackend.select(ws, logits[0], ends[0], rows, out))
             results["select"].append(dict(W=world, T=rows, N=n, select_warps=warps, us=us))
             line += f" | w{warps}={us:.1f}"
         S.SELECT_WARPS = default_warps
         print(line, flush=True)
-        group.destroy()
+        merge.destroy()
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
 
