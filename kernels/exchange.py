@@ -25,17 +25,10 @@ def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, pes_ptr, ma
                 peer = tl.load(gather_ptrs + q).to(tl.pointer_type(tl.int32))
                 tl.store(peer + dest + offs, words, mask=offs < WORDS)
     if LIBRARY_PEERS != 0:  # compile-time: the address-only kernel links nothing
-        mine = tl.load(gather_ptrs + rank) + dest * 4
-        source = (packed_ptr + row * WORDS).to(tl.int64)
-        for q in tl.static_range(WORLD):
-            if ((LIBRARY_PEERS >> q) & 1) != 0:
-                nvshmem_device.putmem_nbi_block(mine, source, tl.full((), WORDS * 4, tl.int64),
-                                                tl.load(pes_ptr + q))
-        nvshmem_device.fence()
-        flag = tl.load(flag_ptrs + rank) + (rank * max_rows + row) * 4
-        for q in tl.static_range(WORLD):
-            if ((LIBRARY_PEERS >> q) & 1) != 0:
-                nvshmem_device.int32_atomic_set(flag, epoch, tl.load(pes_ptr + q))
+        nvshmem_device.put_then_flag(tl.load(gather_ptrs + rank) + dest * 4, (packed_ptr + row * WORDS).to(tl.int64),
+                                     tl.full((), WORDS * 4, tl.int64),
+                                     tl.load(flag_ptrs + rank) + (rank * max_rows + row) * 4, epoch, pes_ptr,
+                                     WORLD, LIBRARY_PEERS)
     for q in tl.static_range(WORLD):
         if ((LIBRARY_PEERS >> q) & 1) == 0:
             peer_flags = tl.load(flag_ptrs + q).to(tl.pointer_type(tl.int32))

@@ -14,6 +14,8 @@ fence orders the puts before the flag on that PE."""
 
 import functools
 
+import triton
+import triton.language as tl
 from triton.language import core
 
 
@@ -43,6 +45,22 @@ def int32_atomic_set(dest, value, pe, _semantic=None):
         "", "", [dest, value, pe],
         {(core.int64, core.int32, core.int32): ("nvshmem_int32_atomic_set", core.int32)},
         is_pure=False, _semantic=_semantic)
+
+
+@triton.jit
+def put_then_flag(dest, source, nbytes, flag, value, pes_ptr, WORLD: tl.constexpr, PEERS: tl.constexpr):
+    """To every rank q in the bitmask PEERS (its PE at ``pes_ptr[q]``):
+    ``nbytes`` from ``source`` to the symmetric ``dest``, one fence, then
+    ``value`` into the symmetric int32 ``flag`` (int64 addresses on this
+    PE). The put synchronises the block around its copy, and each thread
+    fences before its atomic, so every thread's share lands first."""
+    for q in tl.static_range(WORLD):
+        if ((PEERS >> q) & 1) != 0:
+            putmem_nbi_block(dest, source, nbytes, tl.load(pes_ptr + q))
+    fence()
+    for q in tl.static_range(WORLD):
+        if ((PEERS >> q) & 1) != 0:
+            int32_atomic_set(flag, value, tl.load(pes_ptr + q))
 
 
 @functools.cache

@@ -85,16 +85,10 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
                             peer = tl.load(recv_ptrs + q).to(tl.pointer_type(tl.int32)) + offset
                             tl.store(peer + offs, list_words, mask=offs < push_words)
                 if LIBRARY_PEERS != 0:  # the same slot of the symmetric receive buffer on those PEs
-                    for q in tl.static_range(WORLD):
-                        if ((LIBRARY_PEERS >> q) & 1) != 0:
-                            nvshmem_device.putmem_nbi_block(local_recv.to(tl.int64), local_recv.to(tl.int64),
-                                                            tl.full((), push_words * 4, tl.int64),
-                                                            tl.load(pes_ptr + q))
-                    nvshmem_device.fence()
-                    flag = tl.load(flag_ptrs + rank) + ((WORLD + rank) * max_rows + row) * 4
-                    for q in tl.static_range(WORLD):
-                        if ((LIBRARY_PEERS >> q) & 1) != 0:
-                            nvshmem_device.int32_atomic_set(flag, epoch, tl.load(pes_ptr + q))
+                    nvshmem_device.put_then_flag(local_recv.to(tl.int64), local_recv.to(tl.int64),
+                                                 tl.full((), push_words * 4, tl.int64),
+                                                 tl.load(flag_ptrs + rank) + ((WORLD + rank) * max_rows + row) * 4,
+                                                 epoch, pes_ptr, WORLD, LIBRARY_PEERS)
                 for q in tl.static_range(WORLD):
                     if ((LIBRARY_PEERS >> q) & 1) == 0:
                         peer_flags = tl.load(flag_ptrs + q).to(tl.pointer_type(tl.int32))
