@@ -65,8 +65,8 @@ for step in $STEPS; do
     profile)  # --clock-control none: leave the GPU's clocks as they are
       { timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes \
           -o "$OUT/kernels" -f python3 scripts/profile_kernels.py
-        ncu --import "$OUT/kernels.ncu-rep" --print-summary per-kernel
-        ncu --import "$OUT/kernels.ncu-rep" --page details --csv > "$OUT/profile_details.csv"
+        timeout 120 ncu --import "$OUT/kernels.ncu-rep" --print-summary per-kernel
+        timeout 120 ncu --import "$OUT/kernels.ncu-rep" --page details --csv > "$OUT/profile_details.csv"
       } 2>&1 | grep -v -i warn | tee "$OUT/profile.log" | tail -60 ;;
     *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch, sweep, profile)"; exit 2 ;;
   esac
