@@ -56,17 +56,26 @@ def radix_digit_histogram(flat, prefix, shift):
     """Histogram of the 8-bit digit at ``shift`` of the non-zero keys of
     ``flat`` (1-D) whose higher digits equal those of ``prefix``."""
     match = (flat != 0) & ((flat >> (shift + 8)) == (prefix >> (shift + 8)))
-    hist = tl.histogram(tl.where(match, ((flat >> shift) & 0xFF).to(tl.int32), 0), 256)
-    return hist - tl.where(tl.arange(0, 256) == 0, tl.sum((~match).to(tl.int32), axis=0), 0)
+    return tl.histogram(((flat >> shift) & 0xFF).to(tl.int32), 256, mask=match)
 
 
 @triton.jit
-def radix_choose(hist, need):
-    """The digit of the ``need``-th largest key, and ``need`` within it."""
-    bins = tl.arange(0, 256)
-    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-    chosen = tl.max(tl.where(at_or_above >= need, bins, 0), axis=0)
-    return chosen, need - tl.sum(tl.where(bins > chosen, hist, 0), axis=0)
+def radix_boundary(hist, need):
+    """(bucket, above, in_bucket) of a 256-bin histogram: the bucket that
+    holds the ``need``-th largest element (-1 when there are fewer), how
+    many elements lie in higher buckets, and how many in that bucket. The
+    buckets whose count from the top reaches ``need`` are 0..bucket, so one
+    reverse scan and one reduction find all three: each cross-warp step of
+    a program is a barrier and a shared-memory round trip. The reduction
+    sums three fields of one int64: the reaching buckets (at most 256, bits
+    0-8), the counts above them and the count of the last one (each below
+    2^27, bits 9-35 and 36-62)."""
+    at_or_above = tl.cumsum(hist, axis=0, reverse=True)
+    reaching = at_or_above >= need
+    last = reaching & (at_or_above - hist < need)
+    fields = tl.sum(reaching.to(tl.int64) | (tl.where(reaching, 0, hist).to(tl.int64) << 9)
+                    | (tl.where(last, hist, 0).to(tl.int64) << 36), axis=0)
+    return (fields & 0x1FF).to(tl.int32) - 1, ((fields >> 9) & 0x7FFFFFF).to(tl.int32), (fields >> 36).to(tl.int32)
 
 
 @triton.jit
@@ -79,7 +88,6 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr):
     after 3 or 4 of the 5 digits of a 33-bit key."""
     flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
     present = flat != 0
-    bins = tl.arange(0, 256)
     prefix = tl.zeros((), dtype=tl.int64)  # loop-carried values keep one type
     need = tl.full((), k, tl.int32)
     fixed = tl.full((), KEY_BITS, tl.int32)  # bits >= fixed are decided
@@ -88,12 +96,11 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr):
         shift = tl.maximum(fixed - 8, 0)
         match = present & ((flat >> fixed) == (prefix >> fixed))
         digit = ((flat >> shift) & ((tl.full((), 1, tl.int64) << (fixed - shift)) - 1)).to(tl.int32)
-        hist = tl.histogram(tl.where(match, digit, 0), 256)
-        hist -= tl.where(bins == 0, tl.sum((~match).to(tl.int32), axis=0), 0)
-        chosen, need = radix_choose(hist, need)
+        chosen, above, bucket_count = radix_boundary(tl.histogram(digit, 256, mask=match), need)
+        need -= above
         prefix |= chosen.to(tl.int64) << shift
         fixed = shift
-        if need == tl.sum(tl.where(bins == chosen, hist, 0), axis=0):
+        if need == bucket_count:
             in_bucket = match & (digit == chosen)
             smallest_taken = tl.min(tl.where(in_bucket, flat, 0x7FFFFFFFFFFFFFFF), axis=0)
             fixed = tl.zeros((), dtype=tl.int32)

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .keys import is_nan_bits, ord16, score_bits
+from .keys import is_nan_bits, ord16, radix_boundary, score_bits
 
 
 @triton.jit
@@ -49,9 +49,7 @@ def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
         digit = score & 0xFF
     else:
         digit = score >> 8
-    part = tl.histogram(tl.where(counted, digit, 0), 256)
-    skipped = score.shape[0] - tl.sum(counted.to(tl.int32), axis=0)
-    return tl.where(tl.arange(0, 256) == 0, part - skipped, part)
+    return tl.histogram(digit, 256, mask=counted)
 
 
 @triton.jit
@@ -100,24 +98,13 @@ def _walk_histogram(in_row, scratch, counts, ends, count, high_byte, SELECT_LOW:
 
 
 @triton.jit
-def _boundary(hist, need):
-    """The bucket holding the ``need``-th largest element, and how many
-    elements lie in higher buckets."""
-    bins = tl.arange(0, 256)
-    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-    bucket = tl.max(tl.where(at_or_above >= need, bins, -1), axis=0)
-    above = tl.sum(tl.where(bins > bucket, hist, 0), axis=0)
-    return bucket, above
-
-
-@triton.jit
 def _threshold(high, low, need):
     """(threshold ord16, ties of it taken) from the two histograms. With
     fewer than ``need`` elements every one is taken: threshold 0 is below any
     valid score."""
-    high_bucket, above_high = _boundary(high, need)
-    low_bucket, above_low = _boundary(low, need - above_high)
-    enough = tl.sum(high, axis=0) >= need
+    high_bucket, above_high, _ = radix_boundary(high, need)
+    low_bucket, above_low, _ = radix_boundary(low, need - above_high)
+    enough = high_bucket >= 0
     threshold = tl.where(enough, high_bucket * 256 + low_bucket, 0)
     return threshold, tl.where(enough, need - above_high - above_low, 0)
 
@@ -127,7 +114,7 @@ def _tile_threshold(score, valid, need):
     """(threshold ord16, ties of it taken) of the ``need`` largest valid
     scores of one tile held in registers."""
     high = _histogram(score, valid, 0, False)
-    high_bucket, _ = _boundary(high, need)
+    high_bucket, _, _ = radix_boundary(high, need)
     return _threshold(high, _histogram(score, valid, high_bucket, True), need)
 
 
@@ -148,7 +135,7 @@ def _walk(in_row, scratch, counts, ends, count, out_row, N: tl.constexpr, PLANES
     tl.debug_barrier()
     high = _walk_histogram(in_row, scratch, counts, ends, count, 0, False, FROM_LIST, BLOCKS, BLOCKS_P2, REGION,
                            BLOCK)
-    high_bucket, _ = _boundary(high, N)
+    high_bucket, _, _ = radix_boundary(high, N)
     low = _walk_histogram(in_row, scratch, counts, ends, count, high_bucket, True, FROM_LIST, BLOCKS, BLOCKS_P2,
                           REGION, BLOCK)
     threshold, ties_taken = _threshold(high, low, N)

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest,
-                   radix_choose, radix_digit_histogram)
+from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest, radix_boundary,
+                   radix_digit_histogram)
 from . import nvshmem_device
 from .pack import pack_row
 from .sync import record_timeout, release_flag, wait_flags_at_least
@@ -155,7 +155,8 @@ def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_pt
                         hist += radix_digit_histogram(tile, prefix, shift)
                 if d == 0:
                     total = tl.sum(hist, axis=0)
-                chosen, need = radix_choose(hist, need)
+                chosen, above, _ = radix_boundary(hist, need)
+                need -= above
                 prefix |= chosen.to(tl.int64) << shift
             kth = tl.where(total >= TOPK, prefix, 0)
             selected_row = selected_ptr + row * TOPK
