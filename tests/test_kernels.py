@@ -108,6 +108,36 @@ def test_pack_candidates_and_whole_row_walk_match_reference(monkeypatch, tile, r
 
 
 @needs_triton
+def test_radix_boundary_matches_a_scan_of_the_histogram():
+    """keys.radix_boundary (three results from one int64 reduction) against
+    the definition: the highest bucket whose count from the top reaches
+    ``need`` (-1 if none), the count above it, and its own count."""
+    import numpy as np
+    from kernel_probes import radix_boundary_kernel
+
+    rng = np.random.default_rng(5)
+    hists = rng.integers(0, 9, (64, 256)) * (rng.random((64, 256)) < 0.2)
+    hists[0] = 0
+    hists[1] = 0
+    hists[1, 255] = 70_000  # one full bucket, at the top
+    hists[2] = 0
+    hists[2, 0] = 1 << 20  # a whole 2^20-token row in bucket 0
+    totals = hists.sum(axis=1)
+    needs = np.array([1, 70_000, 1 << 20] + [int(rng.integers(1, t + 3)) for t in totals[3:]])
+    device = "cuda" if not interpreted else "cpu"
+    out = torch.empty((64, 3), dtype=torch.int32, device=device)
+    radix_boundary_kernel[(64,)](out, torch.tensor(hists, dtype=torch.int32, device=device),
+                                 torch.tensor(needs, dtype=torch.int32, device=device))
+    for case, (hist, need) in enumerate(zip(hists, needs)):
+        from_top = np.cumsum(hist[::-1])[::-1]
+        reaching = np.nonzero(from_top >= need)[0]
+        bucket = int(reaching.max()) if reaching.size else -1
+        want = [bucket, int(hist[bucket + 1:].sum()) if bucket >= 0 else int(hist.sum()),
+                int(hist[bucket]) if bucket >= 0 else 0]
+        assert out[case].tolist() == want, (case, int(need), int(hist.sum()))
+
+
+@needs_triton
 def test_sample_grows_when_its_margin_would_overflow_a_tile():
     """The estimate's sample: 2048 tokens, whole short rows, and more when
     N/S is large enough that 2048 would put most rows past one tile (the
