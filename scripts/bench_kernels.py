@@ -1,8 +1,11 @@
 """Single-GPU benchmark: pack vs torch.topk(k=N), select, and the whole
 simulated merge vs the generic merge, all in one process (CUDA, medians of
 triton.testing.do_bench, which empties L2 before every run). Each is timed
-as a CUDA-graph replay, as serving engines run it; the pack also eagerly
-(its Python launch cost included). Prints a table and writes JSON.
+as a CUDA-graph replay, as serving engines run it: a graph of CALLS calls,
+each on its own copy of the inputs, per call, so that the host's launch of
+the graph is spread over the calls and every call reads its logits from
+HBM; the pack also eagerly, one call at a time (its Python launch cost
+included). Prints a table and writes JSON.
 
     python scripts/bench_kernels.py --out results.json [--rows 64 --widths 131072]
 
@@ -13,6 +16,7 @@ Bytes (for reading the pack numbers): one pass over bf16 logits reads
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import torch
@@ -24,9 +28,19 @@ from nvshmem_topk.baseline import generic_merge_compute
 from nvshmem_topk.format import default_local_topk, packed_row_words
 from nvshmem_topk.timing import SimulatedMerge, graphed, kernel_times
 
+CALLS = 10
 
-def bench(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # us
+
+def bench(fn, calls: int = 1) -> float:
+    """Median microseconds of one of the ``calls`` calls that ``fn`` makes."""
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3 / calls
+
+
+def graphed_calls(fn, inputs) -> torch.cuda.CUDAGraph:
+    """One graph of ``fn(x)`` for each x of ``inputs`` (``graphed`` calls
+    once more before the capture, hence the cycle)."""
+    calls = itertools.cycle(inputs)
+    return graphed(lambda: fn(next(calls)), len(inputs))
 
 
 def main() -> None:
@@ -51,22 +65,22 @@ def main() -> None:
     print(f"{'pack N=384':<14}{'T':>5}{'S':>8}{'graph':>9}{'eager':>9}{'topk(N)':>9}{'speedup':>9}")
     for rows in args.rows:
         for width in args.widths:
-            logits = torch.randn(rows, width, device=dev, generator=gen).bfloat16()
+            copies = [torch.randn(rows, width, device=dev, generator=gen).bfloat16() for _ in range(CALLS)]
             ends = torch.full((rows,), width, dtype=torch.int32, device=dev)
-            out = torch.empty(rows, packed_row_words(n, 1), dtype=torch.int32, device=dev)
-            pack = lambda: nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=131072,  # noqa: E731
-                                            out=out, impl="triton")
-            t_eager = bench(pack)
-            pack_graph = graphed(pack)
-            t_pack = bench(pack_graph.replay)
-            t_topk = bench(graphed(lambda: logits.topk(n, dim=1)).replay)
-            exact = bool(torch.equal(out, reference.pack(logits, ends, n, 131072)))
+            outs = torch.empty(CALLS, rows, packed_row_words(n, 1), dtype=torch.int32, device=dev)
+            pack = lambda i: nt.dcp_topk_pack(copies[i], ends, local_topk=n, max_local_len=131072,
+                                              out=outs[i], impl="triton")
+            t_eager = bench(lambda: pack(0))
+            pack_graph = graphed_calls(pack, range(CALLS))
+            t_pack = bench(pack_graph.replay, CALLS)
+            t_topk = bench(graphed_calls(lambda i: copies[i].topk(n, dim=1), range(CALLS)).replay, CALLS)
+            exact = all(torch.equal(outs[i], reference.pack(copies[i], ends, n, 131072)) for i in range(CALLS))
+            kernels = {name: us / CALLS for name, us in kernel_times(pack_graph.replay).items()}
             results["pack"].append(dict(T=rows, S=width, N=n, pack_graph_us=t_pack, pack_eager_us=t_eager,
-                                        torch_topk_graph_us=t_topk, exact=exact,
-                                        kernels_us=kernel_times(pack_graph.replay)))
+                                        torch_topk_graph_us=t_topk, exact=exact, kernels_us=kernels))
             save()
             print(f"{'':<14}{rows:>5}{width:>8}{t_pack:>9.1f}{t_eager:>9.1f}{t_topk:>9.1f}{t_topk / t_pack:>8.1f}x"
-                  f"  exact={exact}")
+                  f"  exact={exact}  " + " ".join(f"{name.split('_')[0]} {us:.1f}" for name, us in kernels.items()))
 
     print(f"{'merge W=8':<14}{'T':>5}{'S':>8}{'eager':>9}{'graph':>9}{'generic':>9}{'vs graph':>9}{'select':>9}")
     world = 8
@@ -87,7 +101,8 @@ def main() -> None:
             for ws in run.workspaces:
                 ws.flags.local.fill_(1 << 30)
             ws, out = run.workspaces[0], run.outputs[0]
-            t_select = bench(graphed(lambda: _backends.TritonBackend.select(ws, logits[0], ends[0], rows, out)).replay)
+            select = lambda: _backends.TritonBackend.select(ws, logits[0], ends[0], rows, out)
+            t_select = bench(graphed(select, CALLS).replay, CALLS)
             results["merge"].append(dict(W=world, T=rows, S=width, N=n, merge_eager_us=t_merge,
                                          merge_graph_us=t_graph, generic_us=t_generic,
                                          select_us=t_select, exact=exact))
