@@ -206,18 +206,34 @@ def estimate_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_
 
 
 @triton.jit
-def _block_candidates(logits_ptr, row_ends_ptr, scratch_ptr, logits_stride, width_limit, scratch_stride,
-                      BLOCK: tl.constexpr):
-    """(block, scratch row, local ids, candidate flags) of this program's
-    block, as [BLOCK / 128, 128] tiles: a scan along the short axis stays in
-    a warp, and the one across it is 128 times shorter than the block."""
-    block = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    scratch = scratch_ptr + row * scratch_stride
-    local = block * BLOCK + tl.arange(0, BLOCK // 128)[:, None] * 128 + tl.arange(0, 128)[None, :]
-    inside = local < _row_end(row_ends_ptr, row, width_limit)
-    score, valid = _scores(logits_ptr + row * logits_stride, local, inside)
-    return block, scratch, local, valid & (score >= tl.load(scratch))
+def _score_floor(tau):
+    """The float f with {non-NaN x : x >= f} = {x : ord16(x) >= tau}, up to
+    a monotone widening that keeps it a threshold set (-0 >= +0 is true,
+    and a NaN pattern widens to an infinity), which is all the filter needs."""
+    bits = tl.where(tau >= 0x8000, tau & 0x7FFF, ~tau & 0xFFFF)
+    floor = (bits << 16).to(tl.float32, bitcast=True)
+    return tl.where(is_nan_bits(bits), tl.where(tau >= 0x8000, float("inf"), float("-inf")), floor)
+
+
+@triton.jit
+def _reaches(ptrs, inside, tau, floor, WHOLE: tl.constexpr):
+    """Which tokens at ``ptrs`` (those ``inside``; all when WHOLE, so that
+    the load is unmasked and vectorised) score at least ``tau``; NaN never.
+    bf16 is compared as a float against ``floor`` (a few instructions a
+    token); fp32 goes through its bf16 rounding."""
+    if ptrs.dtype.element_ty == tl.bfloat16:
+        if WHOLE:
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=inside, other=float("nan"))
+        # Widened on the bits (a bf16 is the high half of its fp32): exact for
+        # subnormals too, which the interpreter's bf16 conversion is not.
+        wide = (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        reached = wide >= floor
+    else:
+        bits = score_bits(ptrs, inside)
+        reached = inside & ~is_nan_bits(bits) & (ord16(bits) >= tau)
+    return reached
 
 
 @triton.jit
@@ -225,9 +241,21 @@ def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_li
                   BLOCKS: tl.constexpr, BLOCK: tl.constexpr):
     """One read of the block: its candidates' local ids, in order, to the
     block's own region, and their count (the finish finds where each
-    region's candidates fall in the row's list)."""
-    block, scratch, local, candidate = _block_candidates(logits_ptr, row_ends_ptr, scratch_ptr, logits_stride,
-                                                         width_limit, scratch_stride, BLOCK)
+    region's candidates fall in the row's list). The block is held as
+    [BLOCK / 8, 8]: each thread loads 8 tokens at once and numbers its
+    candidates itself; one scan across the block's lines places them."""
+    block = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    scratch = scratch_ptr + row * scratch_stride
+    end = _row_end(row_ends_ptr, row, width_limit)
+    local = block * BLOCK + tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    ptrs = logits_ptr + row * logits_stride + local
+    tau = tl.load(scratch)
+    floor = _score_floor(tau)
+    if (block + 1) * BLOCK <= end:
+        candidate = _reaches(ptrs, local < end, tau, floor, True)
+    else:
+        candidate = _reaches(ptrs, local < end, tau, floor, False)
     flag = candidate.to(tl.int32)
     per_line = tl.sum(flag, axis=1)
     pos = (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag

@@ -5,6 +5,7 @@ import triton
 import triton.language as tl
 
 from nvshmem_topk.kernels.keys import radix_boundary
+from nvshmem_topk.kernels.pack import _reaches, _score_floor
 
 
 @triton.jit
@@ -17,3 +18,15 @@ def radix_boundary_kernel(out_ptr, hist_ptr, need_ptr):
     tl.store(out_ptr + case * 3, bucket)
     tl.store(out_ptr + case * 3 + 1, above)
     tl.store(out_ptr + case * 3 + 2, in_bucket)
+
+
+@triton.jit
+def reaches_kernel(out_ptr, x_ptr, tau_ptr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, WHOLE: tl.constexpr):
+    """Per program: the filter's test ``_reaches`` of every x_ptr[0:WIDTH]
+    against tau_ptr[case], as int8 at out_ptr[case]."""
+    case = tl.program_id(0).to(tl.int64)
+    tau = tl.load(tau_ptr + case)
+    for start in tl.range(0, WIDTH, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        reached = _reaches(x_ptr + offs, offs < WIDTH, tau, _score_floor(tau), WHOLE)
+        tl.store(out_ptr + case * WIDTH + offs, reached.to(tl.int8), mask=offs < WIDTH)

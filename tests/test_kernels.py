@@ -138,6 +138,39 @@ def test_radix_boundary_matches_a_scan_of_the_histogram():
 
 
 @needs_triton
+@pytest.mark.parametrize("whole", [True, False])
+def test_filter_threshold_keeps_a_threshold_set(whole):
+    """The filter compares bf16 as floats against a floor derived from tau.
+    Over every bf16 bit pattern, for taus at the edges (NaN patterns, the
+    infinities, both zeros) and at random, the tokens it keeps must be every
+    non-NaN token of ord16 >= t for one t <= tau (t = tau but for the
+    zero's sign and NaN floors): then the candidates hold the row's top-N
+    whenever there are N of them, which is all the finish relies on."""
+    from kernel_probes import reaches_kernel
+
+    from nvshmem_topk.format import ord16
+
+    bits = torch.arange(1 << 16, dtype=torch.int32)
+    x = bits.to(torch.int16).view(torch.bfloat16)
+    order = ord16(bits).to(torch.int64)
+    valid = ~torch.isnan(x)
+    edges = [0, 1, 0x7E, 0x7F, 0x80, 0x4000, 0x7FFE, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFF7F, 0xFF80, 0xFF81, 0xFFFF]
+    taus = torch.tensor(edges + torch.randint(0, 1 << 16, (9,), generator=torch.Generator().manual_seed(3)).tolist(),
+                        dtype=torch.int32)
+    device = "cuda" if not interpreted else "cpu"
+    out = torch.empty((len(taus), 1 << 16), dtype=torch.int8, device=device)
+    reaches_kernel[(len(taus),)](out, x.to(device), taus.to(device), WIDTH=1 << 16, BLOCK=4096,
+                                WHOLE=whole)
+    for tau, kept in zip(taus.tolist(), out.cpu().bool()):
+        assert not (kept & ~valid).any(), f"tau {tau:#x} keeps a NaN"
+        assert not (valid & (order >= tau) & ~kept).any(), f"tau {tau:#x} misses a token"
+        floor = int(order[kept].min()) if kept.any() else 1 << 16
+        assert torch.equal(kept, valid & (order >= floor)), f"tau {tau:#x} keeps no threshold set"
+        widened = {0x8000: 0x7FFF}.get(tau, min(max(tau, 0x7F), 0xFF80))  # -0 >= +0; NaN floors: infinities
+        assert floor == widened, f"tau {tau:#x} keeps from {floor:#x}"
+
+
+@needs_triton
 def test_sample_grows_when_its_margin_would_overflow_a_tile():
     """The estimate's sample: 2048 tokens, whole short rows, and more when
     N/S is large enough that 2048 would put most rows past one tile (the
