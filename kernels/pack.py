@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .exchange import release_peers, store_to_peers
 from .keys import is_nan_bits, ord16, radix_boundary, score_bits
 
 
@@ -112,10 +113,23 @@ def _threshold(high, low, need):
 @triton.jit
 def _tile_threshold(score, valid, need):
     """(threshold ord16, ties of it taken) of the ``need`` largest valid
-    scores of one tile held in registers."""
-    high = _histogram(score, valid, 0, False)
-    high_bucket, _, _ = radix_boundary(high, need)
-    return _threshold(high, _histogram(score, valid, high_bucket, True), need)
+    scores of one tile held in registers. One histogram of how far each
+    score lies below the tile's top (bin 255 - distance, bin 0 for 255 steps
+    or more): a top-N of bf16 scores rarely spans 255 steps. Only when the
+    boundary falls in bin 0 do the two byte histograms run."""
+    top = tl.max(tl.where(valid, score, 0), axis=0)
+    near = 255 - tl.minimum(tl.maximum(top - score, 0), 255)
+    bucket, above, _ = radix_boundary(tl.histogram(near, 256, mask=valid), need)
+    threshold = top - 255 + bucket
+    ties_taken = need - above
+    if bucket == 0:
+        high = _histogram(score, valid, 0, False)
+        high_bucket, _, _ = radix_boundary(high, need)
+        threshold, ties_taken = _threshold(high, _histogram(score, valid, high_bucket, True), need)
+    elif bucket < 0:  # fewer than ``need``: every one is taken
+        threshold = 0
+        ties_taken = 0
+    return threshold, ties_taken
 
 
 @triton.jit
@@ -265,8 +279,13 @@ def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_li
 
 @triton.jit
 def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
+                  epochs_ptr, gather_ptrs, flag_ptrs, max_rows, rank,
                   N: tl.constexpr, PLANES: tl.constexpr, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                  REGION: tl.constexpr, TILE: tl.constexpr, ROOM: tl.constexpr, ROW_BLOCK: tl.constexpr):
+                  REGION: tl.constexpr, TILE: tl.constexpr, ROOM: tl.constexpr, ROW_BLOCK: tl.constexpr,
+                  WORLD: tl.constexpr):
+    """The row's packed top-N to ``out_row``; with WORLD > 0 also pushed to
+    every rank's gather buffer and flagged (the push exchange's work, done
+    here so that it costs no launch of its own)."""
     row = tl.program_id(0).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
     in_row = logits_ptr + row * logits_stride
@@ -289,6 +308,11 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
         _walk(in_row, scratch, counts, ends, total, out_row, N, PLANES, True, BLOCKS, BLOCKS_P2, REGION, TILE)
     else:
         pack_row(in_row, _row_end(row_ends_ptr, row, width_limit), out_row, N, PLANES, ROW_BLOCK)
+    if WORLD > 0:
+        tl.debug_barrier()  # the whole row, plane bits included, is written before any thread reads it
+        epoch = tl.load(epochs_ptr + row) + 1
+        store_to_peers(out_row, row, epoch, gather_ptrs, max_rows, rank, N + PLANES * (N // 32), WORLD, 0, 1024)
+        release_peers(row, epoch, flag_ptrs, max_rows, rank, WORLD, 0)
 
 
 SAMPLE = 2048
@@ -330,9 +354,12 @@ def _planes(out, local_topk: int) -> int:
     return (out.shape[1] - local_topk) // (local_topk // 32)
 
 
-def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int) -> None:
+def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, push=None) -> None:
     """out: int32 [T, N + P*N/32] (P read off its width); logits: [T, S]
-    bf16/fp32 (stride(1) == 1); row_ends: int32 [T]."""
+    bf16/fp32 (stride(1) == 1); row_ends: int32 [T]. ``push``, when given,
+    is (epochs, gather_ptrs, flag_ptrs, max_rows, rank, world_size) as
+    ``exchange.push_rows`` takes them (every peer with an address): the
+    finish then pushes each row and raises its flags."""
     rows, width = logits.shape
     if rows == 0:
         return
@@ -343,9 +370,11 @@ def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int) -> None:
     args = (logits, row_ends, logits.stride(0), limit, scratch.stride(0))
     estimate_kernel[(rows,)](scratch, *args, N=local_topk, SAMPLE=sample_size(local_topk, limit), num_warps=8)
     filter_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS)
-    finish_kernel[(rows,)](out, scratch, *args, N=local_topk, PLANES=_planes(out, local_topk), BLOCKS=blocks,
-                           BLOCKS_P2=triton.next_power_of_2(blocks), REGION=FILTER_BLOCK, TILE=tile, ROOM=room,
-                           ROW_BLOCK=ROW_BLOCK, num_warps=FINISH_WARPS)
+    epochs, gather_ptrs, flag_ptrs, max_rows, rank, world_size = push or (row_ends, row_ends, row_ends, 0, 0, 0)
+    finish_kernel[(rows,)](out, scratch, *args, epochs, gather_ptrs, flag_ptrs, max_rows, rank, N=local_topk,
+                           PLANES=_planes(out, local_topk), BLOCKS=blocks, BLOCKS_P2=triton.next_power_of_2(blocks),
+                           REGION=FILTER_BLOCK, TILE=tile, ROOM=room, ROW_BLOCK=ROW_BLOCK, WORLD=world_size,
+                           num_warps=FINISH_WARPS)
 
 
 @triton.jit

@@ -93,6 +93,11 @@ class ReferenceBackend:
             peer_gather[parity, ws.rank, index] = packed
             peer_flags[0, ws.rank, :rows] = epochs
 
+    @classmethod
+    def pack_and_push(cls, ws: DcpTopkWorkspace, logits, row_ends, out) -> None:
+        cls.pack(logits, row_ends, out, local_topk=ws.local_topk, max_local_len=ws.max_local_len)
+        cls.push_rows(ws, out)
+
     @staticmethod
     def select(ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
         epochs = ws.epochs[:rows] + 1
@@ -182,6 +187,15 @@ class TritonBackend:
         exchange.push_rows(packed, ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs, ws.pes,
                            max_rows=ws.max_rows, rank=ws.rank, world_size=ws.world_size,
                            library_peers=ws.library_peers)
+
+    @staticmethod
+    def pack_and_push(ws: DcpTopkWorkspace, logits, row_ends, out) -> None:
+        """The pack whose finish also pushes each row to every peer (all of
+        them reached by address) and raises its flags: no push kernel."""
+        from .kernels import pack
+
+        pack.pack(out, logits, row_ends, local_topk=ws.local_topk, max_local_len=ws.max_local_len,
+                  push=(ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs, ws.max_rows, ws.rank, ws.world_size))
 
     @staticmethod
     def _common(ws: DcpTopkWorkspace, rows: int, out: Outputs) -> dict:

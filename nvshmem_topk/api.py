@@ -281,6 +281,9 @@ def _run_merge(workspaces, logits, row_ends, outputs, rows: int, packed=None) ->
         mine = packed[r] if packed is not None else None
         if mine is None:  # fcollect and device-library puts read symmetric memory: pack straight into it
             mine = ws.staging.local[:rows]
+            if ws.exchange == "push" and not ws.library_peers:  # the pack pushes its rows itself
+                impl.pack_and_push(ws, logits[r][:rows], row_ends[r][:rows], mine)
+                continue
             impl.pack(logits[r][:rows], row_ends[r][:rows], mine, local_topk=ws.local_topk,
                       max_local_len=ws.max_local_len)
         _exchange(ws, impl, mine)

@@ -13,8 +13,10 @@ Per (T, S_local), K = 2048, N = default_local_topk(K, W):
              also the push merge of a second group that reaches every peer
              through NVSHMEM's device library ("push_library");
   stages     device time per stage of the push merge from torch.profiler over
-             graph replays (pack = estimate + filter + finish kernels;
-             select includes its wait for the peer's rows);
+             graph replays (pack = estimate + filter + finish kernels, the
+             finish pushing the rows itself, so push is only the push kernel
+             of a merge with device-library peers; select includes its wait
+             for the peer's rows);
   generic    local torch.topk(k=K), 8-byte (fp32 score bits << 32 | global
              id) pairs all-gathered by NCCL (W*K*8 bytes per row), top-K over
              the W*K pairs; eager and graph;

@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from nvshmem_topk.kernels.keys import radix_boundary
-from nvshmem_topk.kernels.pack import _reaches, _score_floor
+from nvshmem_topk.kernels.pack import _reaches, _score_floor, _tile_threshold
 
 
 @triton.jit
@@ -30,3 +30,15 @@ def reaches_kernel(out_ptr, x_ptr, tau_ptr, WIDTH: tl.constexpr, BLOCK: tl.const
         offs = start + tl.arange(0, BLOCK)
         reached = _reaches(x_ptr + offs, offs < WIDTH, tau, _score_floor(tau), WHOLE)
         tl.store(out_ptr + case * WIDTH + offs, reached.to(tl.int8), mask=offs < WIDTH)
+
+
+@triton.jit
+def tile_threshold_kernel(out_ptr, score_ptr, valid_ptr, need_ptr, TILE: tl.constexpr):
+    """Per program: (threshold, ties taken) of ``_tile_threshold`` over
+    score_ptr[case] (ord16 as int32) where valid_ptr[case] is set."""
+    case = tl.program_id(0).to(tl.int64)
+    offs = case * TILE + tl.arange(0, TILE)
+    threshold, ties = _tile_threshold(tl.load(score_ptr + offs), tl.load(valid_ptr + offs) != 0,
+                                      tl.load(need_ptr + case))
+    tl.store(out_ptr + case * 2, threshold)
+    tl.store(out_ptr + case * 2 + 1, ties)

@@ -171,6 +171,40 @@ def test_filter_threshold_keeps_a_threshold_set(whole):
 
 
 @needs_triton
+def test_tile_threshold_near_the_top_and_far_from_it():
+    """The estimate's and the finish's threshold (one histogram of the
+    distance below the tile's top, the byte histograms when the boundary is
+    255 or more steps down) against its definition: the need-th largest
+    valid score and how many of its ties are taken, (0, 0) when fewer."""
+    from kernel_probes import tile_threshold_kernel
+
+    gen = torch.Generator().manual_seed(9)
+    tile, cases = 1024, []
+    for need in (1, 37, 384, 1024, 1025):
+        cases.append((torch.randint(0x7F, 0xFF81, (tile,), generator=gen), need))  # spread: the byte walk
+        cases.append((0xC000 + torch.randint(0, 90, (tile,), generator=gen), need))  # clustered: one histogram
+        outlier = 0xC000 + torch.randint(0, 90, (tile,), generator=gen)
+        outlier[:3] = 0xFF80  # +inf far above a cluster
+        cases.append((outlier, need))
+        cases.append((torch.full((tile,), 0xBF80), need))  # all equal
+    scores = torch.stack([c[0] for c in cases]).to(torch.int32)
+    valid = (torch.rand(scores.shape, generator=gen) < 0.9).to(torch.int32)
+    valid[3::4] = 1
+    needs = torch.tensor([c[1] for c in cases], dtype=torch.int32)
+    device = "cuda" if not interpreted else "cpu"
+    out = torch.empty((len(cases), 2), dtype=torch.int32, device=device)
+    tile_threshold_kernel[(len(cases),)](out, scores.to(device), valid.to(device), needs.to(device), TILE=tile)
+    for case, (score, ok, need) in enumerate(zip(scores, valid.bool(), needs.tolist())):
+        kept = score[ok].sort(descending=True).values
+        if kept.numel() < need:
+            want = [0, 0]
+        else:
+            threshold = int(kept[need - 1])
+            want = [threshold, need - int((kept > threshold).sum())]
+        assert out[case].tolist() == want, (case, need)
+
+
+@needs_triton
 def test_sample_grows_when_its_margin_would_overflow_a_tile():
     """The estimate's sample: 2048 tokens, whole short rows, and more when
     N/S is large enough that 2048 would put most rows past one tile (the
