@@ -81,17 +81,33 @@ def radix_boundary(hist, need):
 @triton.jit
 def kth_largest(keys, k, KEY_BITS: tl.constexpr):
     """The k-th largest of the unique non-negative int64 ``keys`` (a 2-D
-    tensor; 0 = empty), or 0 when fewer than k are non-zero: a radix select
-    over 8-bit digits from bit KEY_BITS down, one 256-bin histogram per
-    digit. It stops early once every key left in the chosen bucket is taken
-    (then the k-th is the smallest of them): on indexer-like rows, mostly
-    after 3 or 4 of the 5 digits of a 33-bit key."""
+    tensor; 0 = empty) whose top 16 of KEY_BITS bits are an ord16 score, or
+    0 when fewer than k are non-zero. First one histogram of how far each
+    score lies below the top score (bin 255 - distance; bin 0 for 255 steps
+    or more): the top-K of bf16 scores rarely spans 255 steps, so that fixes
+    the k-th key's score. Then a radix select over the lower bits (the gid),
+    8 per pass, among the keys of that score; from bit KEY_BITS down when the
+    boundary fell in bin 0. It stops once every key left in the chosen
+    bucket is taken (the k-th is then the smallest of them)."""
     flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
     present = flat != 0
+    score = (flat >> (KEY_BITS - 16)).to(tl.int32)
+    top = tl.max(tl.where(present, score, 0), axis=0)
+    near = 255 - tl.minimum(top - score, 255)
+    bucket, above, bucket_count = radix_boundary(tl.histogram(near, 256, mask=present), k)
     prefix = tl.zeros((), dtype=tl.int64)  # loop-carried values keep one type
     need = tl.full((), k, tl.int32)
     fixed = tl.full((), KEY_BITS, tl.int32)  # bits >= fixed are decided
     smallest_taken = tl.zeros((), dtype=tl.int64)
+    if bucket > 0:
+        prefix = (top - 255 + bucket).to(tl.int64) << (KEY_BITS - 16)
+        need -= above
+        fixed = tl.full((), KEY_BITS - 16, tl.int32)
+        if need == bucket_count:
+            smallest_taken = tl.min(tl.where(present & (score == top - 255 + bucket), flat, 0x7FFFFFFFFFFFFFFF), axis=0)
+            fixed = tl.zeros((), dtype=tl.int32)
+    elif bucket < 0:  # fewer than k keys
+        fixed = tl.zeros((), dtype=tl.int32)
     while fixed > 0:
         shift = tl.maximum(fixed - 8, 0)
         match = present & ((flat >> fixed) == (prefix >> fixed))
