@@ -78,11 +78,14 @@ def graph_timed(fn, device: torch.device, iters: int) -> float:
 
 
 def stage_times(fn) -> dict:
-    """Device microseconds per stage of one call."""
+    """Device microseconds per stage of one call of ``fn``, profiled over
+    replays of a graph of CALLS_PER_GRAPH calls: within a replay the ranks
+    run in step, so the select's wait measures the peer's lag, not how far
+    apart the two hosts launched."""
     stages: dict[str, float] = {}
-    for kernel, us in kernel_times(fn).items():
+    for kernel, us in kernel_times(graphed(fn, CALLS_PER_GRAPH).replay).items():
         stage = STAGES.get(kernel, "other")
-        stages[stage] = stages.get(stage, 0.0) + us
+        stages[stage] = stages.get(stage, 0.0) + us / CALLS_PER_GRAPH
     return stages
 
 
@@ -157,7 +160,7 @@ def main() -> None:
                 if device.type == "cuda":
                     row["merge_graph_us"][name] = graph_timed(merge, device, iters)
                     if name == "push":
-                        row["stages_us"] = stage_times(graphed(merge).replay)
+                        row["stages_us"] = stage_times(merge)
                         # The push alone, last: its flags run ahead of the merges this workspace no longer runs.
                         packed = nt.dcp_topk_pack(x, x_ends, local_topk=n, max_local_len=width)
                         row["exchange_graph_us"]["push"] = graph_timed(
