@@ -6,23 +6,27 @@ fix the threshold score and how many of its ties are taken), then an ordered
 compaction that writes the kept tokens by ascending local id, ties at the
 threshold lowest id first. A saturated rank also builds its pushed list so.
 
-The pack itself runs the walk over a short candidate list, not the row:
-  1. estimate (a program per row): the histograms over an evenly spread
-     sample of the row give a score ``tau`` that, by the sample, comfortably
-     more than N tokens reach;
-  2. filter (a program per block of the row): tokens >= tau are
-     candidates; each block writes their local ids, in order, to its own
-     region of the scratch, and their count;
+The pack itself selects from a short candidate list, not the row:
+  1. estimate (a program per row): over an evenly spread sample of the row,
+     a score ``tau`` that, by the sample, comfortably more than N tokens
+     reach;
+  2. filter (a program per block of the row): tokens >= tau are candidates
+     (bf16 compared as floats, 16-byte loads); each block writes their local
+     ids, in order, to its own region of the scratch, and their count;
   3. finish (a program per row): the running sums of the counts place each
      region's candidates in the row's list (a binary search per slot). When
      the candidates hold the row's top-N (at least N of them, or tau = 0 so
-     that every valid token is one; not more than the room), the same two
-     histograms and compaction run over them, held in registers (or walked
-     tile by tile when more than a tile came); otherwise the exact walk runs
-     over the whole row. Either way the output is ``reference.pack``'s, bit
-     for bit: tau decides how much work is done, never what is written.
-Only the filter reads the whole row, once, and it only compares; the
-histograms see the sample and the candidates."""
+     that every valid token is one; not more than the room), the threshold
+     and the compaction run over them, held in registers (or walked tile by
+     tile when more than a tile came); otherwise the exact walk runs over the
+     whole row. Either way the output is ``reference.pack``'s, bit for bit:
+     tau decides how much work is done, never what is written. In a merge by
+     push, the finish then stores the row into every rank's gather buffer
+     and raises its flags.
+A tile in registers (the sample, the candidates) takes its threshold from
+one histogram of each score's distance below the tile's top; the byte
+histograms run only when the boundary lies 255 or more steps down. Only the
+filter reads the whole row, once, and it only compares."""
 
 import math
 

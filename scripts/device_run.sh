@@ -9,7 +9,8 @@
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
 #   launch   the demo started by MPICH's mpiexec (Hydra, PMI-1): NVSHMEM's PMI bootstrap, then over mpi4py
 #   sweep    the kernels' launch constants on one GPU (scripts/sweep_constants.py; not in the default run)
-#   profile  Nsight Compute over one simulated merge (scripts/profile_kernels.py; not in the default run)
+#   profile  Nsight Compute over one simulated merge (scripts/profile_kernels.py; not in the default run),
+#            with each kernel's SASS instruction counts and stall samples (scripts/sass_summary.py)
 # Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
 # Logs and results go under $OUT.
 #   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch] [sweep] [profile]
@@ -67,6 +68,12 @@ for step in $STEPS; do
           -o "$OUT/kernels" -f python3 scripts/profile_kernels.py
         timeout 120 ncu --import "$OUT/kernels.ncu-rep" --print-summary per-kernel
         timeout 120 ncu --import "$OUT/kernels.ncu-rep" --page details --csv > "$OUT/profile_details.csv"
+        mkdir -p /tmp/sass  # per-instruction SASS counts and stall samples, one kernel each (scripts/sass_summary.py)
+        for kernel in estimate filter finish select rescue; do
+          timeout 60 ncu --import "$OUT/kernels.ncu-rep" --page source --print-source sass --csv -k "regex:$kernel" \
+            -c 1 > "/tmp/sass/$kernel.csv" && python3 scripts/sass_summary.py "/tmp/sass/$kernel.csv"
+        done
+        tar czf "$OUT/profile_sass.tgz" -C /tmp/sass .
       } 2>&1 | grep -v -i warn | tee "$OUT/profile.log" | tail -60 ;;
     *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch, sweep, profile)"; exit 2 ;;
   esac
