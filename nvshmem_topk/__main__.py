@@ -254,7 +254,7 @@ def bench(args: argparse.Namespace) -> int:
     for i, (rows, width) in enumerate(grid, 1):
         logits = indexer_like_logits((args.world_size, rows, width), torch.Generator().manual_seed(i)).to(device)
         row_ends = torch.full((args.world_size, rows), width, dtype=torch.int32, device=device)
-        if graphs:  # eager GPU timings would measure Python launches (W ranks x 6 kernels)
+        if graphs:  # eager GPU timings would measure Python launches (W ranks x 5 kernels)
             run = SimulatedMerge(logits, row_ends, args.topk, args.impl)
             merge = _graph_ms(run, args.reps)
             run.destroy()

@@ -6,7 +6,7 @@ and cudaProfilerStop are profiled.
         python3 scripts/profile_kernels.py [--world-size 2 --rows 64 --width 65536]
 
 The merge runs on a simulated group of W ranks on this GPU: each rank's
-pack (three kernels), push, select and rescue, stage by stage, so every
+pack (three kernels, the finish pushing), select and rescue, stage by stage, so every
 kernel is profiled W times and no select waits for a peer."""
 
 from __future__ import annotations
