@@ -40,6 +40,23 @@ def test_kernels_match_reference_stage_by_stage(world_size):
 
 
 @needs_triton
+@pytest.mark.parametrize("world_size", [2, 5])
+def test_merge_whose_finish_pushes_matches_reference(world_size):
+    """The merge as a serving call runs it (simulate_dcp_topk_merge, not
+    stage by stage): the pack's finish pushes each row and raises the flags,
+    with no push kernel. Every family against the reference and the oracle."""
+    import nvshmem_topk as nt
+
+    device = "cuda" if not interpreted else "cpu"
+    for name, logits, ends, k, n, inter in families(world_size, seed=4, rows=3, width=200, topk=64):
+        got = nt.simulate_dcp_topk_merge(logits.to(device), ends.to(device), topk=k, local_topk=n,
+                                         interleave=inter, impl="triton")
+        want = nt.simulate_dcp_topk_merge(logits, ends, topk=k, local_topk=n, interleave=inter, impl="reference")
+        assert torch.equal(got.cpu(), want), name
+        assert_exact(got.cpu(), oracle_topk(logits, ends, k, inter), context=name)
+
+
+@needs_triton
 @pytest.mark.parametrize("topk,local_topk", [(96, 32), (160, 64)])
 def test_topk_not_a_power_of_two(topk, local_topk):
     device = "cuda" if not interpreted else "cpu"
