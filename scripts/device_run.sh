@@ -8,12 +8,15 @@
 #            the launcher tests run when MPICH's mpiexec is there
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
 #   launch   the demo started by MPICH's mpiexec (Hydra, PMI-1): NVSHMEM's PMI bootstrap, then over mpi4py
+#   branches the kernel benchmark (BENCH_ARGS, default T 8 and 64, S 16384 and 131072) and a short merge
+#            benchmark of this checkout and of each branch staged by scripts/stage_branches.sh (carry .branches;
+#            not in the default run)
 #   sweep    the kernels' launch constants on one GPU (scripts/sweep_constants.py; not in the default run)
 #   profile  Nsight Compute over one simulated merge (scripts/profile_kernels.py; not in the default run),
 #            with each kernel's SASS instruction counts and stall samples (scripts/sass_summary.py)
 # Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
 # Logs and results go under $OUT.
-#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch] [sweep] [profile]
+#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch] [branches] [sweep] [profile]
 #        (BENCH_ARGS narrows the kernel benchmark, TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
@@ -60,6 +63,19 @@ for step in $STEPS; do
           timeout 120 mpiexec -n 2 python3 -m nvshmem_topk demo --bootstrap $bootstrap
         done
       } 2>&1 | grep -v -i warn | tee "$OUT/launch.log" ;;
+    branches)  # each branch staged by scripts/stage_branches.sh, beside this checkout, with this checkout's scripts
+      mkdir -p /tmp/branches
+      for tree in . .branches/*/; do
+        [ -d "$tree" ] || continue
+        name=$([ "$tree" = . ] && echo checkout || basename "$tree")
+        path=$([ "$tree" = . ] && echo "${PYTHONPATH:-}" || echo "$PWD/$tree:${PYTHONPATH:-}")
+        echo "## $name"
+        PYTHONPATH=$path timeout "${BENCH_TIMEOUT:-240}" python3 scripts/bench_kernels.py \
+          --out "/tmp/branches/$name.json" ${BENCH_ARGS:---rows 8 64 --widths 16384 131072}
+        [ "$GPUS" -ge 2 ] && PYTHONPATH=$path timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node 2 \
+          scripts/bench_merge.py --rows 1 64 --widths 16384 65536 --iters 100 --out "/tmp/branches/${name}_merge.json"
+      done 2>&1 | grep -v -i warn | tee "$OUT/branches.log"
+      tar czf "$OUT/branches.tgz" -C /tmp/branches . ;;
     sweep)
       timeout 240 python3 scripts/sweep_constants.py --out "$OUT/sweep_constants.json" 2>&1 | grep -v -i warn \
         | tee "$OUT/sweep_constants.log" ;;
@@ -75,6 +91,6 @@ for step in $STEPS; do
         done
         tar czf "$OUT/profile_sass.tgz" -C /tmp/sass .
       } 2>&1 | grep -v -i warn | tee "$OUT/profile.log" | tail -60 ;;
-    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch, sweep, profile)"; exit 2 ;;
+    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch, branches, sweep, profile)"; exit 2 ;;
   esac
 done
