@@ -14,12 +14,19 @@ from .sync import release_flag
 
 
 @triton.jit
+def gather_slot(row, epoch, max_rows, sender, WORDS: tl.constexpr, WORLD: tl.constexpr):
+    """Word offset of ``sender``'s round-1 ``row`` in a gather buffer
+    [2, W, max_rows, WORDS] (this epoch's parity)."""
+    return (((epoch & 1) * WORLD + sender) * max_rows + row) * WORDS
+
+
+@triton.jit
 def store_to_peers(row_ptr, row, epoch, gather_ptrs, max_rows, rank, WORDS: tl.constexpr, WORLD: tl.constexpr,
                    LIBRARY_PEERS: tl.constexpr, BLOCK: tl.constexpr):
     """This rank's packed row ``row_ptr`` (WORDS int32, read from L2: the
     pack may have written it in this kernel) into its sender slot of every
     address peer's gather buffer, this epoch's parity."""
-    dest = (((epoch & 1) * WORLD + rank) * max_rows + row) * WORDS
+    dest = gather_slot(row, epoch, max_rows, rank, WORDS, WORLD)
     for start in tl.range(0, WORDS, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         words = tl.load(row_ptr + offs, mask=offs < WORDS, cache_modifier=".cg")
@@ -46,7 +53,7 @@ def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, pes_ptr, ma
     store_to_peers(packed_ptr + row * WORDS, row, epoch, gather_ptrs, max_rows, rank, WORDS, WORLD, LIBRARY_PEERS,
                    BLOCK)
     if LIBRARY_PEERS != 0:  # compile-time: the address-only kernel links nothing
-        dest = (((epoch & 1) * WORLD + rank) * max_rows + row) * WORDS
+        dest = gather_slot(row, epoch, max_rows, rank, WORDS, WORLD)
         nvshmem_device.put_then_flag(tl.load(gather_ptrs + rank) + dest * 4, (packed_ptr + row * WORDS).to(tl.int64),
                                      tl.full((), WORDS * 4, tl.int64),
                                      tl.load(flag_ptrs + rank) + (rank * max_rows + row) * 4, epoch, pes_ptr,

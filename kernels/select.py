@@ -17,6 +17,7 @@ import triton.language as tl
 from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest, radix_boundary,
                    radix_digit_histogram)
 from . import nvshmem_device
+from .exchange import gather_slot
 from .pack import pack_row
 from .sync import record_timeout, release_flag, wait_flags_at_least
 
@@ -56,7 +57,7 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
         sender = tl.arange(0, WORLD_P2)
         slot = tl.arange(0, N_P2)[None, :]
         owner = sender[:, None]
-        base = gather_ptr + (((epoch & 1) * WORLD + owner) * max_rows + row) * words
+        base = gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD)
         keys = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N), N, PLANES, WORLD,
                            INTERLEAVE, GID_BITS)
         kappa = kth_largest(keys, TOPK, 16 + GID_BITS)
@@ -105,7 +106,7 @@ def _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_ro
     slot = start + tl.arange(0, TILE)
     saturated = ((mask >> q) & 1) != 0
     words: tl.constexpr = N + PLANES * (N // 32)
-    seen_row = gather_ptr + (((epoch & 1) * WORLD + q) * max_rows + row) * words
+    seen_row = gather_ptr + gather_slot(row, epoch, max_rows, q, words, WORLD)
     seen = decode_keys(seen_row, slot, q, (slot < N) & ~saturated, N, PLANES, WORLD, INTERLEAVE, GID_BITS)
     below = mask & ((1 << q) - 1)
     rank_slot = tl.zeros((), dtype=tl.int64)
