@@ -320,6 +320,7 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
 
 
 SAMPLE = 2048
+ESTIMATE_WARPS = 8
 FILTER_BLOCK = 2048
 FILTER_WARPS = 4
 FINISH_WARPS = 8
@@ -372,7 +373,8 @@ def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, push=Non
     tile, room = candidate_tile(local_topk), candidate_room(local_topk)
     scratch = torch.empty((rows, 1 + blocks + blocks * FILTER_BLOCK), dtype=torch.int32, device=out.device)
     args = (logits, row_ends, logits.stride(0), limit, scratch.stride(0))
-    estimate_kernel[(rows,)](scratch, *args, N=local_topk, SAMPLE=sample_size(local_topk, limit), num_warps=8)
+    estimate_kernel[(rows,)](scratch, *args, N=local_topk, SAMPLE=sample_size(local_topk, limit),
+                             num_warps=ESTIMATE_WARPS)
     filter_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS)
     epochs, gather_ptrs, flag_ptrs, max_rows, rank, world_size = push or (row_ends, row_ends, row_ends, 0, 0, 0)
     finish_kernel[(rows,)](out, scratch, *args, epochs, gather_ptrs, flag_ptrs, max_rows, rank, N=local_topk,

@@ -49,7 +49,7 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
     blocks = 32
     tile, room = pack.candidate_tile(local_topk), pack.candidate_room(local_topk)
     yield (pack.estimate_kernel, sig(pack.estimate_kernel, scratch_ptr=P32, **rows),
-           dict(N=local_topk, SAMPLE=pack.SAMPLE), 8)
+           dict(N=local_topk, SAMPLE=pack.SAMPLE), pack.ESTIMATE_WARPS)
     yield (pack.filter_kernel, sig(pack.filter_kernel, scratch_ptr=P32, **rows),
            dict(BLOCKS=blocks, BLOCK=pack.FILTER_BLOCK), pack.FILTER_WARPS)
     yield (pack.finish_kernel, sig(pack.finish_kernel, out_ptr=P32, scratch_ptr=P32, **rows, epochs_ptr=P32,

@@ -5,7 +5,7 @@ single-call graphs):
 
     python scripts/sweep_constants.py [--out sweep.json]
 
-pack: FINISH_WARPS / FILTER_BLOCK / FILTER_WARPS at N = 384 and 1536;
+pack: FINISH_WARPS / FILTER_BLOCK / FILTER_WARPS / ESTIMATE_WARPS at N = 384 and 1536;
 select: SELECT_WARPS at W = 8 and 2 (flags set ahead, so it never waits)."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from nvshmem_topk.kernels import select as S
 from nvshmem_topk.timing import SimulatedMerge, graphed
 
 CALLS = 10
-PACK_VARIANTS = [(8, 2048, 4), (16, 2048, 4), (4, 2048, 4), (8, 4096, 4), (8, 4096, 8), (8, 1024, 2)]
+PACK_VARIANTS = [(8, 2048, 4, 8), (16, 2048, 4, 8), (4, 2048, 4, 8), (8, 4096, 4, 8), (8, 4096, 8, 8),
+                 (8, 2048, 8, 8), (8, 1024, 2, 8), (8, 2048, 4, 4)]
 
 
 def per_call_us(fn) -> float:
@@ -38,7 +39,7 @@ def main() -> None:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     results = {"gpu": torch.cuda.get_device_name(), "pack": [], "select": []}
-    defaults = P.FINISH_WARPS, P.FILTER_BLOCK, P.FILTER_WARPS
+    defaults = P.FINISH_WARPS, P.FILTER_BLOCK, P.FILTER_WARPS, P.ESTIMATE_WARPS
     for n, rows, width in [(384, 64, 131072), (384, 8, 131072), (384, 64, 16384), (1536, 64, 65536)]:
         logits = torch.randn(rows, width, device=dev, generator=gen).bfloat16()
         ends = torch.full((rows,), width, dtype=torch.int32, device=dev)
@@ -47,15 +48,15 @@ def main() -> None:
         run = lambda: P.pack(out, logits, ends, local_topk=n, max_local_len=131072)  # noqa: E731
         line = f"pack N={n} T={rows} S={width}"
         for variant in PACK_VARIANTS:
-            P.FINISH_WARPS, P.FILTER_BLOCK, P.FILTER_WARPS = variant
+            P.FINISH_WARPS, P.FILTER_BLOCK, P.FILTER_WARPS, P.ESTIMATE_WARPS = variant
             out.zero_()
             run()
             exact = bool(torch.equal(out, want))
             us = per_call_us(run)
             results["pack"].append(dict(N=n, T=rows, S=width, finish_warps=variant[0], filter_block=variant[1],
-                                        filter_warps=variant[2], us=us, exact=exact))
-            line += f" | fw{variant[0]}/fb{variant[1]}/w{variant[2]}={us:.1f}{'' if exact else ' WRONG'}"
-        P.FINISH_WARPS, P.FILTER_BLOCK, P.FILTER_WARPS = defaults
+                                        filter_warps=variant[2], estimate_warps=variant[3], us=us, exact=exact))
+            line += f" | fw{variant[0]}/fb{variant[1]}/w{variant[2]}/ew{variant[3]}={us:.1f}{'' if exact else ' WRONG'}"
+        P.FINISH_WARPS, P.FILTER_BLOCK, P.FILTER_WARPS, P.ESTIMATE_WARPS = defaults
         print(line, flush=True)
     default_warps = S.SELECT_WARPS
     for world, rows, width in [(8, 64, 16384), (2, 64, 65536), (8, 1, 16384)]:
