@@ -3,8 +3,9 @@ every peer's gather buffer (this epoch's parity, its own sender slot), then
 releases the peer's flag for each row. Peers in LIBRARY_PEERS (no load/store
 address) get the row by an NVSHMEM put and the flag by an NVSHMEM atomic
 after a fence; the others through the peer address table. When every peer
-has an address, the pack's finish pushes its rows itself with the same two
-helpers (``store_to_peers``, ``release_peers``) and this kernel is not run."""
+has an address, the pack's finish pushes its rows itself (``push_row``) and
+this kernel is not run; the select's saturated push uses the same two
+helpers (``store_to_peers``, ``release_peers``)."""
 
 import triton
 import triton.language as tl
@@ -21,28 +22,38 @@ def gather_slot(row, epoch, max_rows, sender, WORDS: tl.constexpr, WORLD: tl.con
 
 
 @triton.jit
-def store_to_peers(row_ptr, row, epoch, gather_ptrs, max_rows, rank, WORDS: tl.constexpr, WORLD: tl.constexpr,
+def store_to_peers(src, peer_ptrs, dest, skip, WORDS: tl.constexpr, WORLD: tl.constexpr,
                    LIBRARY_PEERS: tl.constexpr, BLOCK: tl.constexpr):
-    """This rank's packed row ``row_ptr`` (WORDS int32, read from L2: the
-    pack may have written it in this kernel) into its sender slot of every
-    address peer's gather buffer, this epoch's parity."""
-    dest = gather_slot(row, epoch, max_rows, rank, WORDS, WORLD)
+    """WORDS int32 from ``src`` (read from L2: this kernel may have just
+    written them) to word ``dest`` of every address peer's buffer
+    (``peer_ptrs``), but rank ``skip`` (-1: none)."""
     for start in tl.range(0, WORDS, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        words = tl.load(row_ptr + offs, mask=offs < WORDS, cache_modifier=".cg")
+        words = tl.load(src + offs, mask=offs < WORDS, cache_modifier=".cg")
         for q in tl.static_range(WORLD):
-            if ((LIBRARY_PEERS >> q) & 1) == 0:
-                peer = tl.load(gather_ptrs + q).to(tl.pointer_type(tl.int32))
+            if (((LIBRARY_PEERS >> q) & 1) == 0) & (q != skip):
+                peer = tl.load(peer_ptrs + q).to(tl.pointer_type(tl.int32))
                 tl.store(peer + dest + offs, words, mask=offs < WORDS)
 
 
 @triton.jit
-def release_peers(row, epoch, flag_ptrs, max_rows, rank, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
-    """Raise this rank's round-1 flag of ``row`` on every address peer."""
+def release_peers(flag_ptrs, flag, epoch, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
+    """Raise flag word ``flag`` to ``epoch`` on every address peer."""
     for q in tl.static_range(WORLD):
         if ((LIBRARY_PEERS >> q) & 1) == 0:
             peer_flags = tl.load(flag_ptrs + q).to(tl.pointer_type(tl.int32))
-            release_flag(peer_flags + rank * max_rows + row, epoch)
+            release_flag(peer_flags + flag, epoch)
+
+
+@triton.jit
+def push_row(row_ptr, row, epoch, gather_ptrs, flag_ptrs, max_rows, rank, WORDS: tl.constexpr, WORLD: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """This rank's round-1 ``row`` (``row_ptr``) into its sender slot of
+    every peer's gather buffer, then its flag raised there (all peers
+    reached by address)."""
+    store_to_peers(row_ptr, gather_ptrs, gather_slot(row, epoch, max_rows, rank, WORDS, WORLD), -1, WORDS, WORLD, 0,
+                   BLOCK)
+    release_peers(flag_ptrs, rank * max_rows + row, epoch, WORLD, 0)
 
 
 @triton.jit
@@ -50,15 +61,14 @@ def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, pes_ptr, ma
                      WORDS: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     epoch = tl.load(epochs_ptr + row) + 1
-    store_to_peers(packed_ptr + row * WORDS, row, epoch, gather_ptrs, max_rows, rank, WORDS, WORLD, LIBRARY_PEERS,
-                   BLOCK)
+    dest = gather_slot(row, epoch, max_rows, rank, WORDS, WORLD)
+    store_to_peers(packed_ptr + row * WORDS, gather_ptrs, dest, -1, WORDS, WORLD, LIBRARY_PEERS, BLOCK)
     if LIBRARY_PEERS != 0:  # compile-time: the address-only kernel links nothing
-        dest = gather_slot(row, epoch, max_rows, rank, WORDS, WORLD)
         nvshmem_device.put_then_flag(tl.load(gather_ptrs + rank) + dest * 4, (packed_ptr + row * WORDS).to(tl.int64),
                                      tl.full((), WORDS * 4, tl.int64),
                                      tl.load(flag_ptrs + rank) + (rank * max_rows + row) * 4, epoch, pes_ptr,
                                      WORLD, LIBRARY_PEERS)
-    release_peers(row, epoch, flag_ptrs, max_rows, rank, WORLD, LIBRARY_PEERS)
+    release_peers(flag_ptrs, rank * max_rows + row, epoch, WORLD, LIBRARY_PEERS)
 
 
 def push_rows(packed, epochs, gather_ptrs, flag_ptrs, pes, *, max_rows: int, rank: int, world_size: int,

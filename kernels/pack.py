@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .exchange import release_peers, store_to_peers
+from .exchange import push_row
 from .keys import is_nan_bits, ord16, radix_boundary, score_bits
 
 
@@ -103,11 +103,11 @@ def _walk_histogram(in_row, scratch, counts, ends, count, high_byte, SELECT_LOW:
 
 
 @triton.jit
-def _threshold(high, low, need):
-    """(threshold ord16, ties of it taken) from the two histograms. With
-    fewer than ``need`` elements every one is taken: threshold 0 is below any
-    valid score."""
-    high_bucket, above_high, _ = radix_boundary(high, need)
+def _threshold(high_bucket, above_high, low, need):
+    """(threshold ord16, ties of it taken) from the high byte's boundary
+    (``radix_boundary`` of its histogram) and the low byte's histogram
+    inside that bucket. With fewer than ``need`` elements every one is
+    taken: threshold 0 is below any valid score."""
     low_bucket, above_low, _ = radix_boundary(low, need - above_high)
     enough = high_bucket >= 0
     threshold = tl.where(enough, high_bucket * 256 + low_bucket, 0)
@@ -127,9 +127,8 @@ def _tile_threshold(score, valid, need):
     threshold = top - 255 + bucket
     ties_taken = need - above
     if bucket == 0:
-        high = _histogram(score, valid, 0, False)
-        high_bucket, _, _ = radix_boundary(high, need)
-        threshold, ties_taken = _threshold(high, _histogram(score, valid, high_bucket, True), need)
+        high_bucket, above_high, _ = radix_boundary(_histogram(score, valid, 0, False), need)
+        threshold, ties_taken = _threshold(high_bucket, above_high, _histogram(score, valid, high_bucket, True), need)
     elif bucket < 0:  # fewer than ``need``: every one is taken
         threshold = 0
         ties_taken = 0
@@ -153,10 +152,10 @@ def _walk(in_row, scratch, counts, ends, count, out_row, N: tl.constexpr, PLANES
     tl.debug_barrier()
     high = _walk_histogram(in_row, scratch, counts, ends, count, 0, False, FROM_LIST, BLOCKS, BLOCKS_P2, REGION,
                            BLOCK)
-    high_bucket, _, _ = radix_boundary(high, N)
+    high_bucket, above_high, _ = radix_boundary(high, N)
     low = _walk_histogram(in_row, scratch, counts, ends, count, high_bucket, True, FROM_LIST, BLOCKS, BLOCKS_P2,
                           REGION, BLOCK)
-    threshold, ties_taken = _threshold(high, low, N)
+    threshold, ties_taken = _threshold(high_bucket, above_high, low, N)
     kept = tl.zeros((), dtype=tl.int32)
     ties_seen = tl.zeros((), dtype=tl.int32)
     start = 0
@@ -293,7 +292,8 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
     row = tl.program_id(0).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
     in_row = logits_ptr + row * logits_stride
-    out_row = out_ptr + row * (N + PLANES * (N // 32))
+    words: tl.constexpr = N + PLANES * (N // 32)
+    out_row = out_ptr + row * words
     blocks = tl.arange(0, BLOCKS_P2)
     counts = tl.load(scratch + 1 + blocks, mask=blocks < BLOCKS, other=0)
     ends = tl.cumsum(counts, axis=0)
@@ -303,7 +303,7 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
         slot = tl.arange(0, TILE)
         local = _candidate_ids(scratch, slot, total, counts, ends, BLOCKS, BLOCKS_P2, REGION)
         score, valid = _scores(in_row, local, slot < total)
-        _zero_row(out_row, N + PLANES * (N // 32), 1024)
+        _zero_row(out_row, words, 1024)
         threshold, ties_taken = _tile_threshold(score, valid, N)
         tl.debug_barrier()
         zero = tl.zeros((), dtype=tl.int32)
@@ -315,8 +315,7 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
     if WORLD > 0:
         tl.debug_barrier()  # the whole row, plane bits included, is written before any thread reads it
         epoch = tl.load(epochs_ptr + row) + 1
-        store_to_peers(out_row, row, epoch, gather_ptrs, max_rows, rank, N + PLANES * (N // 32), WORLD, 0, 1024)
-        release_peers(row, epoch, flag_ptrs, max_rows, rank, WORLD, 0)
+        push_row(out_row, row, epoch, gather_ptrs, flag_ptrs, max_rows, rank, words, WORLD, 1024)
 
 
 SAMPLE = 2048

@@ -17,9 +17,9 @@ import triton.language as tl
 from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest, radix_boundary,
                    radix_digit_histogram)
 from . import nvshmem_device
-from .exchange import gather_slot
+from .exchange import gather_slot, release_peers, store_to_peers
 from .pack import pack_row
-from .sync import record_timeout, release_flag, wait_flags_at_least
+from .sync import record_timeout, wait_flags_at_least
 
 _INT64_MAX = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
@@ -78,22 +78,14 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
                 end = tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit)
                 pack_row(logits_ptr + row * logits_stride, end, local_recv, TOPK, PLANES, BLOCK)
                 tl.debug_barrier()
-                for start in tl.range(0, push_words, BLOCK):
-                    offs = start + tl.arange(0, BLOCK)
-                    list_words = tl.load(local_recv + offs, mask=offs < push_words)
-                    for q in tl.static_range(WORLD):
-                        if (q != rank) & (((LIBRARY_PEERS >> q) & 1) == 0):
-                            peer = tl.load(recv_ptrs + q).to(tl.pointer_type(tl.int32)) + offset
-                            tl.store(peer + offs, list_words, mask=offs < push_words)
+                store_to_peers(local_recv, recv_ptrs, offset, rank, push_words, WORLD, LIBRARY_PEERS, BLOCK)
+                flag = (WORLD + rank) * max_rows + row  # this rank's rescue flag of the row
                 if LIBRARY_PEERS != 0:  # the same slot of the symmetric receive buffer on those PEs
                     nvshmem_device.put_then_flag(local_recv.to(tl.int64), local_recv.to(tl.int64),
                                                  tl.full((), push_words * 4, tl.int64),
-                                                 tl.load(flag_ptrs + rank) + ((WORLD + rank) * max_rows + row) * 4,
-                                                 epoch, pes_ptr, WORLD, LIBRARY_PEERS)
-                for q in tl.static_range(WORLD):
-                    if ((LIBRARY_PEERS >> q) & 1) == 0:
-                        peer_flags = tl.load(flag_ptrs + q).to(tl.pointer_type(tl.int32))
-                        release_flag(peer_flags + (WORLD + rank) * max_rows + row, epoch)
+                                                 tl.load(flag_ptrs + rank) + flag * 4, epoch, pes_ptr, WORLD,
+                                                 LIBRARY_PEERS)
+                release_peers(flag_ptrs, flag, epoch, WORLD, LIBRARY_PEERS)
 
 
 @triton.jit
