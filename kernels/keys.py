@@ -121,7 +121,7 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr):
             smallest_taken = tl.min(tl.where(in_bucket, flat, 0x7FFFFFFFFFFFFFFF), axis=0)
             fixed = tl.zeros((), dtype=tl.int32)
     kth = tl.where(smallest_taken != 0, smallest_taken, prefix)
-    return tl.where(tl.sum(present.to(tl.int32), axis=0) >= k, kth, 0)
+    return tl.where(bucket >= 0, kth, 0)  # bucket -1: fewer than k keys
 
 
 @triton.jit

@@ -64,10 +64,10 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
         emit_selected(keys, kappa, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
                       num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank, TOPK, WORLD,
                       INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
-        present = keys != 0
-        full = tl.sum(present.to(tl.int32), axis=1) == N
-        smallest = tl.min(tl.where(present, keys, _INT64_MAX), axis=1)
-        saturated = full & (smallest >= kappa) & (sender < WORLD)
+        # Saturated: all N words sent and the smallest >= kappa. One minimum
+        # over the N slots says both (it is 0 when any slot is empty).
+        lowest = tl.min(tl.where(slot < N, keys, _INT64_MAX), axis=1)
+        saturated = (lowest != 0) & (lowest >= kappa) & (sender < WORLD)
         mask = tl.sum(tl.where(saturated, tl.full((WORLD_P2,), 1, tl.int64) << sender, 0), axis=0)
         tl.store(sat_ptr + row, (mask << SAT_MASK_SHIFT) | kappa)
         if SLOTS > 0:
