@@ -78,36 +78,16 @@ def radix_boundary(hist, need):
     return (fields & 0x1FF).to(tl.int32) - 1, ((fields >> 9) & 0x7FFFFFF).to(tl.int32), (fields >> 36).to(tl.int32)
 
 
+TIE_TILE = tl.constexpr(256)
+
+
 @triton.jit
-def kth_largest(keys, k, KEY_BITS: tl.constexpr):
-    """The k-th largest of the unique non-negative int64 ``keys`` (a 2-D
-    tensor; 0 = empty) whose top 16 of KEY_BITS bits are an ord16 score, or
-    0 when fewer than k are non-zero. First one histogram of how far each
-    score lies below the top score (bin 255 - distance; bin 0 for 255 steps
-    or more): the top-K of bf16 scores rarely spans 255 steps, so that fixes
-    the k-th key's score. Then a radix select over the lower bits (the gid),
-    8 per pass, among the keys of that score; from bit KEY_BITS down when the
-    boundary fell in bin 0. It stops once every key left in the chosen
-    bucket is taken (the k-th is then the smallest of them)."""
-    flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
-    present = flat != 0
-    score = (flat >> (KEY_BITS - 16)).to(tl.int32)
-    top = tl.max(tl.where(present, score, 0), axis=0)
-    near = 255 - tl.minimum(top - score, 255)
-    bucket, above, bucket_count = radix_boundary(tl.histogram(near, 256, mask=present), k)
-    prefix = tl.zeros((), dtype=tl.int64)  # loop-carried values keep one type
-    need = tl.full((), k, tl.int32)
-    fixed = tl.full((), KEY_BITS, tl.int32)  # bits >= fixed are decided
+def _gid_select(flat, present, prefix, need, fixed):
+    """The ``need``-th largest of the non-zero ``flat`` keys (1-D) whose
+    bits >= ``fixed`` equal ``prefix``'s: a radix select, 8 bits per pass,
+    that stops once every key left in the chosen bucket is taken (the k-th
+    is then the smallest of them)."""
     smallest_taken = tl.zeros((), dtype=tl.int64)
-    if bucket > 0:
-        prefix = (top - 255 + bucket).to(tl.int64) << (KEY_BITS - 16)
-        need -= above
-        fixed = tl.full((), KEY_BITS - 16, tl.int32)
-        if need == bucket_count:
-            smallest_taken = tl.min(tl.where(present & (score == top - 255 + bucket), flat, 0x7FFFFFFFFFFFFFFF), axis=0)
-            fixed = tl.zeros((), dtype=tl.int32)
-    elif bucket < 0:  # fewer than k keys
-        fixed = tl.zeros((), dtype=tl.int32)
     while fixed > 0:
         shift = tl.maximum(fixed - 8, 0)
         match = present & ((flat >> fixed) == (prefix >> fixed))
@@ -120,8 +100,47 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr):
             in_bucket = match & (digit == chosen)
             smallest_taken = tl.min(tl.where(in_bucket, flat, 0x7FFFFFFFFFFFFFFF), axis=0)
             fixed = tl.zeros((), dtype=tl.int32)
-    kth = tl.where(smallest_taken != 0, smallest_taken, prefix)
-    return tl.where(bucket >= 0, kth, 0)  # bucket -1: fewer than k keys
+    return tl.where(smallest_taken != 0, smallest_taken, prefix)
+
+
+@triton.jit
+def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
+    """The k-th largest of the unique non-negative int64 ``keys`` (a 2-D
+    tensor; 0 = empty) whose top 16 of KEY_BITS bits are an ord16 score, or
+    0 when fewer than k are non-zero. First one histogram of how far each
+    score lies below the top score (bin 255 - distance; bin 0 for 255 steps
+    or more): the top-K of bf16 scores rarely spans 255 steps, so that fixes
+    the k-th key's score. Then a radix select over the lower bits (the gid)
+    among the keys of that score; over all bits when the boundary fell in
+    bin 0. A histogram costs as much for a masked slot as for any other, so
+    when at most TIE_TILE keys share the k-th score they are first compacted
+    through ``tie_ptr`` (TIE_TILE int64 of scratch) and the radix runs over
+    those alone."""
+    flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
+    present = flat != 0
+    score = (flat >> (KEY_BITS - 16)).to(tl.int32)
+    top = tl.max(tl.where(present, score, 0), axis=0)
+    near = 255 - tl.minimum(top - score, 255)
+    bucket, above, bucket_count = radix_boundary(tl.histogram(near, 256, mask=present), k)
+    boundary = top - 255 + bucket
+    prefix = boundary.to(tl.int64) << (KEY_BITS - 16)
+    need = k - above
+    if bucket < 0:  # fewer than k keys
+        kth = tl.zeros((), dtype=tl.int64)
+    elif bucket == 0:
+        kth = _gid_select(flat, present, tl.zeros((), dtype=tl.int64), need + above, tl.full((), KEY_BITS, tl.int32))
+    elif need == bucket_count:  # every key of the k-th score is taken
+        kth = tl.min(tl.where(present & (score == boundary), flat, 0x7FFFFFFFFFFFFFFF), axis=0)
+    elif bucket_count <= TIE_TILE:
+        tie = (keys != 0) & ((keys >> (KEY_BITS - 16)) == boundary)
+        tl.store(tie_ptr + flat_positions(tie.to(tl.int32)), keys, mask=tie)
+        tl.debug_barrier()  # the block's stores are seen by all its threads
+        slot = tl.arange(0, TIE_TILE)
+        ties = tl.load(tie_ptr + slot, mask=slot < bucket_count, other=0)
+        kth = _gid_select(ties, ties != 0, prefix, need, tl.full((), KEY_BITS - 16, tl.int32))
+    else:
+        kth = _gid_select(flat, present, prefix, need, tl.full((), KEY_BITS - 16, tl.int32))
+    return kth
 
 
 @triton.jit

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, decode_keys, emit_selected, kth_largest, radix_boundary,
-                   radix_digit_histogram)
+from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, TIE_TILE, decode_keys, emit_selected, kth_largest,
+                   radix_boundary, radix_digit_histogram)
 from . import nvshmem_device
 from .exchange import gather_slot, release_peers, store_to_peers
 from .pack import pack_row
@@ -40,7 +40,7 @@ def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr,
 
 
 @triton.jit
-def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
+def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, ties_ptr,
                   gather_ptr, flags_ptr, epochs_ptr, recv_ptrs, flag_ptrs, pes_ptr, logits_ptr, row_ends_ptr,
                   req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows,
                   rows_stride, logits_stride, width_limit, max_rows, rank, max_spins,
@@ -60,7 +60,7 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr,
         base = gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD)
         keys = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N), N, PLANES, WORLD,
                            INTERLEAVE, GID_BITS)
-        kappa = kth_largest(keys, TOPK, 16 + GID_BITS)
+        kappa = kth_largest(keys, TOPK, 16 + GID_BITS, ties_ptr + row * TIE_TILE)
         emit_selected(keys, kappa, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
                       num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank, TOPK, WORLD,
                       INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
@@ -196,8 +196,9 @@ def select(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, r
         return
     out = _out_args(ids, rows, epochs)
     options = nvshmem_device.launch_options() if library_peers else {}
+    ties = torch.empty((num_rows, TIE_TILE), dtype=torch.int64, device=sat.device)
     select_kernel[(num_rows,)](
-        out[0], out[1], out[2], sat, status, gather, flags, epochs, recv_ptrs, flag_ptrs, pes, logits,
+        out[0], out[1], out[2], sat, status, ties, gather, flags, epochs, recv_ptrs, flag_ptrs, pes, logits,
         row_ends, *out[3:], logits.stride(0), min(logits.shape[1], max_local_len),
         max_rows, rank, max_spins,
         TOPK=topk, N=local_topk, PLANES=planes, SLOTS=slots, WORLD=world_size,

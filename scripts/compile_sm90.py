@@ -62,7 +62,7 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
            dict(WORDS=words, WORLD=world_size, LIBRARY_PEERS=library_peers, BLOCK=512), 4)
     common = dict(TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(topk // local_topk, 1), WORLD=world_size)
     yield (select.select_kernel,
-           sig(select.select_kernel, **_OUTPUTS, **_ROWS, gather_ptr=P32, flags_ptr=P32, epochs_ptr=P32,
+           sig(select.select_kernel, **_OUTPUTS, **_ROWS, ties_ptr=P64, gather_ptr=P32, flags_ptr=P32, epochs_ptr=P32,
                recv_ptrs=P64, flag_ptrs=P64, pes_ptr=P32, logits_ptr=logits, row_ends_ptr=P32,
                logits_stride=I32, width_limit=I32, max_rows=I32, rank=I32, max_spins=I32),
            dict(common, WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), LIBRARY_PEERS=library_peers, BLOCK=1024,

@@ -4,7 +4,7 @@
 import triton
 import triton.language as tl
 
-from nvshmem_topk.kernels.keys import kth_largest, radix_boundary
+from nvshmem_topk.kernels.keys import TIE_TILE, kth_largest, radix_boundary
 from nvshmem_topk.kernels.pack import _reaches, _score_floor, _tile_threshold
 
 
@@ -45,8 +45,11 @@ def tile_threshold_kernel(out_ptr, score_ptr, valid_ptr, need_ptr, TILE: tl.cons
 
 
 @triton.jit
-def kth_largest_kernel(out_ptr, keys_ptr, k_ptr, ROWS: tl.constexpr, COLS: tl.constexpr, KEY_BITS: tl.constexpr):
-    """Per program: ``kth_largest`` of keys_ptr[case] ([ROWS, COLS] int64) for k_ptr[case]."""
+def kth_largest_kernel(out_ptr, ties_ptr, keys_ptr, k_ptr, ROWS: tl.constexpr, COLS: tl.constexpr,
+                       KEY_BITS: tl.constexpr):
+    """Per program: ``kth_largest`` of keys_ptr[case] ([ROWS, COLS] int64)
+    for k_ptr[case], with TIE_TILE int64 of scratch at ties_ptr[case]."""
     case = tl.program_id(0).to(tl.int64)
     offs = case * ROWS * COLS + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
-    tl.store(out_ptr + case, kth_largest(tl.load(keys_ptr + offs), tl.load(k_ptr + case), KEY_BITS))
+    tl.store(out_ptr + case, kth_largest(tl.load(keys_ptr + offs), tl.load(k_ptr + case), KEY_BITS,
+                                         ties_ptr + case * TIE_TILE))

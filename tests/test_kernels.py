@@ -226,14 +226,16 @@ def test_kth_largest_near_the_top_and_far_from_it():
     """The select's k-th key (a histogram of the score's distance below the
     top, then the gid bits; the full radix from the top bit when the
     boundary is 255 or more steps down) against sorting: clustered and
-    spread scores, ties at the boundary score, fewer keys than k."""
-    from kernel_probes import kth_largest_kernel
+    spread scores, ties at the boundary score (few enough to be compacted
+    into the tie tile, and too many), fewer keys than k."""
+    from kernel_probes import TIE_TILE, kth_largest_kernel
 
     gen = torch.Generator().manual_seed(4)
     rows, cols, gid_bits = 2, 512, 12
     cases = []
     for k in (1, 100, 700, 1024, 1025):
-        for low, span in ((0xC000, 60), (0x7F, 0xFF01), (0xBF80, 1)):  # clustered, spread, one score
+        # clustered, spread, about 230 and 300 keys a score (TIE_TILE is 256), one score
+        for low, span in ((0xC000, 60), (0x7F, 0xFF01), (0xC000, 4), (0xC000, 3), (0xBF80, 1)):
             score = low + torch.randint(0, span, (rows * cols,), generator=gen)
             gid = torch.randperm(1 << gid_bits, generator=gen)[: rows * cols]
             key = (score.long() << gid_bits) | ((1 << gid_bits) - 1 - gid.long())
@@ -243,7 +245,8 @@ def test_kth_largest_near_the_top_and_far_from_it():
     ks = torch.tensor([c[1] for c in cases], dtype=torch.int32)
     device = "cuda" if not interpreted else "cpu"
     out = torch.empty(len(cases), dtype=torch.int64, device=device)
-    kth_largest_kernel[(len(cases),)](out, keys.to(device), ks.to(device), ROWS=rows, COLS=cols,
+    ties = torch.empty(len(cases), TIE_TILE, dtype=torch.int64, device=device)
+    kth_largest_kernel[(len(cases),)](out, ties, keys.to(device), ks.to(device), ROWS=rows, COLS=cols,
                                       KEY_BITS=16 + gid_bits)
     for case, (key, k) in enumerate(cases):
         present = key[key != 0].sort(descending=True).values
