@@ -12,8 +12,10 @@ poll, not one per peer.
 
 Kernel order: on a GPU every kernel is launched as a programmatic dependent
 of the one before it on the stream (PDL), so that its launch overlaps that
-kernel's run; its first step (``after_prior_kernel``) waits until the prior
-kernel has finished and its writes are visible.
+kernel's run. Its first step (``after_prior_kernel``) waits until the prior
+kernel has finished and its writes are visible, and only then lets the next
+kernel launch: a kernel released before its own wait would let the whole
+chain launch at once, every CTA holding its registers while it waits.
 """
 
 import torch
@@ -31,11 +33,11 @@ def dependent_launch(device: torch.device) -> dict:
 
 @triton.jit
 def after_prior_kernel(PDL: tl.constexpr):
-    """Every kernel's first step: let the next kernel launch, then wait for
-    the prior one (with PDL; without it the stream already ordered them)."""
+    """Every kernel's first step: wait for the prior kernel, then let the
+    next one launch (with PDL; without it the stream already orders them)."""
     if PDL:
-        gdc_launch_dependents()
         gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
