@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from . import nvshmem_device
-from .sync import release_flag
+from .sync import after_prior_kernel, dependent_launch, release_flag
 
 
 @triton.jit
@@ -58,7 +58,9 @@ def push_row(row_ptr, row, epoch, gather_ptrs, flag_ptrs, max_rows, rank, WORDS:
 
 @triton.jit
 def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, pes_ptr, max_rows, rank,
-                     WORDS: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, BLOCK: tl.constexpr):
+                     WORDS: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
+    after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     epoch = tl.load(epochs_ptr + row) + 1
     dest = gather_slot(row, epoch, max_rows, rank, WORDS, WORLD)
@@ -85,4 +87,4 @@ def push_rows(packed, epochs, gather_ptrs, flag_ptrs, pes, *, max_rows: int, ran
     options = nvshmem_device.launch_options() if library_peers else {}
     push_rows_kernel[(rows,)](packed, epochs, gather_ptrs, flag_ptrs, pes, max_rows, rank,
                               WORDS=words, WORLD=world_size, LIBRARY_PEERS=library_peers, BLOCK=512, num_warps=4,
-                              **options)
+                              **options, **dependent_launch(packed.device))

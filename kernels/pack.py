@@ -36,6 +36,7 @@ import triton.language as tl
 
 from .exchange import push_row
 from .keys import is_nan_bits, ord16, radix_boundary, score_bits
+from .sync import after_prior_kernel, dependent_launch
 
 
 @triton.jit
@@ -204,7 +205,8 @@ def _row_end(row_ends_ptr, row, width_limit):
 
 @triton.jit
 def estimate_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
-                    N: tl.constexpr, SAMPLE: tl.constexpr):
+                    N: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr):
+    after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     end = _row_end(row_ends_ptr, row, width_limit)
     stride = tl.maximum(tl.cdiv(end, SAMPLE), 1)
@@ -255,12 +257,13 @@ def _reaches(ptrs, inside, tau, floor, WHOLE: tl.constexpr):
 
 @triton.jit
 def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
-                  BLOCKS: tl.constexpr, BLOCK: tl.constexpr):
+                  BLOCKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One read of the block: its candidates' local ids, in order, to the
     block's own region, and their count (the finish finds where each
     region's candidates fall in the row's list). The block is held as
     [BLOCK / 8, 8]: each thread loads 8 tokens at once and numbers its
     candidates itself; one scan across the block's lines places them."""
+    after_prior_kernel(PDL)
     block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
@@ -285,10 +288,11 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
                   epochs_ptr, gather_ptrs, flag_ptrs, max_rows, rank,
                   N: tl.constexpr, PLANES: tl.constexpr, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
                   REGION: tl.constexpr, TILE: tl.constexpr, ROOM: tl.constexpr, ROW_BLOCK: tl.constexpr,
-                  WORLD: tl.constexpr):
+                  WORLD: tl.constexpr, PDL: tl.constexpr):
     """The row's packed top-N to ``out_row``; with WORLD > 0 also pushed to
     every rank's gather buffer and flagged (the push exchange's work, done
     here so that it costs no launch of its own)."""
+    after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
     in_row = logits_ptr + row * logits_stride
@@ -372,21 +376,25 @@ def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, push=Non
     tile, room = candidate_tile(local_topk), candidate_room(local_topk)
     scratch = torch.empty((rows, 1 + blocks + blocks * FILTER_BLOCK), dtype=torch.int32, device=out.device)
     args = (logits, row_ends, logits.stride(0), limit, scratch.stride(0))
+    pdl = dependent_launch(out.device)
     estimate_kernel[(rows,)](scratch, *args, N=local_topk, SAMPLE=sample_size(local_topk, limit),
-                             num_warps=ESTIMATE_WARPS)
-    filter_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS)
+                             num_warps=ESTIMATE_WARPS, **pdl)
+    filter_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS,
+                                  **pdl)
     epochs, gather_ptrs, flag_ptrs, max_rows, rank, world_size = push or (row_ends, row_ends, row_ends, 0, 0, 0)
     finish_kernel[(rows,)](out, scratch, *args, epochs, gather_ptrs, flag_ptrs, max_rows, rank, N=local_topk,
                            PLANES=_planes(out, local_topk), BLOCKS=blocks, BLOCKS_P2=triton.next_power_of_2(blocks),
                            REGION=FILTER_BLOCK, TILE=tile, ROOM=room, ROW_BLOCK=ROW_BLOCK, WORLD=world_size,
-                           num_warps=FINISH_WARPS)
+                           num_warps=FINISH_WARPS, **pdl)
 
 
 @triton.jit
 def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_ends_ptr, logits_stride, idx_stride,
-                        width_limit, N: tl.constexpr, PLANES: tl.constexpr, GROUPS: tl.constexpr):
+                        width_limit, N: tl.constexpr, PLANES: tl.constexpr, GROUPS: tl.constexpr,
+                        PDL: tl.constexpr):
     """Slot j of the output keeps candidate j of ``idx``; 32 slots a group,
     GROUPS groups per step, so each plane word is built in registers."""
+    after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     words: tl.constexpr = N + PLANES * (N // 32)
     end = _row_end(row_ends_ptr, row, width_limit)
@@ -415,4 +423,4 @@ def pack_indices(out, logits, local_idx, row_ends, *, max_local_len: int) -> Non
         return
     pack_indices_kernel[(rows,)](out, logits, local_idx, row_ends, logits.stride(0), local_idx.stride(0),
                                  min(width, max_local_len), N=n, PLANES=_planes(out, n),
-                                 GROUPS=8, num_warps=4)
+                                 GROUPS=8, num_warps=4, **dependent_launch(out.device))

@@ -19,7 +19,7 @@ from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, TIE_TILE, decode_keys, emit_s
 from . import nvshmem_device
 from .exchange import gather_slot, release_peers, store_to_peers
 from .pack import pack_row
-from .sync import record_timeout, wait_flags_at_least
+from .sync import after_prior_kernel, dependent_launch, record_timeout, wait_flags_at_least
 
 _INT64_MAX = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
@@ -48,7 +48,8 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, ties_ptr,
                   WORLD: tl.constexpr, WORLD_P2: tl.constexpr, N_P2: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
                   EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, LIBRARY_PEERS: tl.constexpr,
-                  BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr, PDL: tl.constexpr):
+    after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     words: tl.constexpr = N + PLANES * (N // 32)
     push_words: tl.constexpr = TOPK + PLANES * (TOPK // 32)
@@ -118,11 +119,12 @@ def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_pt
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
                   WORLD: tl.constexpr, WORLD_P2: tl.constexpr, TOPK_P2: tl.constexpr, TILE: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
-                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr):
+                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
     """The candidates (up to W * max(N, K)) are streamed rank by rank in
     tiles, never held at once: a radix select summed over the tiles finds
     the K-th key, the selected keys are compacted into ``selected_ptr``
     ([T, K] int64 scratch) in candidate order, and one emit writes them."""
+    after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     epoch = tl.load(epochs_ptr + row) + 1
     sat = tl.load(sat_ptr + row)
@@ -204,7 +206,8 @@ def select(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, r
         TOPK=topk, N=local_topk, PLANES=planes, SLOTS=slots, WORLD=world_size,
         WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
         EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, LIBRARY_PEERS=library_peers,
-        BLOCK=1024, num_warps=SELECT_WARPS, **options)
+        BLOCK=1024, num_warps=SELECT_WARPS, **options,
+        **dependent_launch(sat.device))
 
 
 RESCUE_TILE = 1024
@@ -220,4 +223,5 @@ def rescue(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, r
         out[0], out[1], out[2], sat, status, selected, gather, flags, epochs, recv, *out[3:], max_rows, rank,
         max_spins, TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(slots, 1), WORLD=world_size,
         WORLD_P2=_p2(world_size), TOPK_P2=_p2(topk), TILE=RESCUE_TILE, INTERLEAVE=interleave, GID_BITS=gid_bits,
-        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, num_warps=8)
+        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, num_warps=8,
+        **dependent_launch(sat.device))

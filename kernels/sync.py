@@ -9,10 +9,35 @@ the caller turns a miss into a status record, never a hang. Each flag is
 polled by the one thread that holds it (Triton masks a tensor atomic's
 replicated lanes), all of a row's flags at once: one memory round trip per
 poll, not one per peer.
+
+Kernel order: on a GPU every kernel is launched as a programmatic dependent
+of the one before it on the stream (PDL), so that its launch overlaps that
+kernel's run. Its first step (``after_prior_kernel``) waits until the prior
+kernel has finished and its writes are visible, and only then lets the next
+kernel launch: a kernel released before its own wait would let the whole
+chain launch at once, every CTA holding its registers while it waits.
 """
 
+import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+def dependent_launch(device: torch.device) -> dict:
+    """The PDL constexpr and launch option of a kernel on ``device`` (the
+    interpreter runs kernels one after another and has no PDL)."""
+    pdl = device.type == "cuda"
+    return dict(PDL=pdl, launch_pdl=pdl)
+
+
+@triton.jit
+def after_prior_kernel(PDL: tl.constexpr):
+    """Every kernel's first step: wait for the prior kernel, then let the
+    next one launch (with PDL; without it the stream already orders them)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit

@@ -76,6 +76,7 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
 def compile_one(kernel, signature, constexprs, num_warps, extern_libs=None) -> dict:
     start = time.perf_counter()
     options = {"num_warps": num_warps} | ({"extern_libs": tuple(extern_libs.items())} if extern_libs else {})
+    constexprs = dict(constexprs, PDL=True)  # as launched on a GPU (kernels/sync.py: dependent_launch)
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                               target=HOPPER, options=options)
     seconds = time.perf_counter() - start
