@@ -328,34 +328,39 @@ FILTER_BLOCK = 2048
 FILTER_WARPS = 4
 FINISH_WARPS = 8
 ROW_BLOCK = 4096
+MAX_TILE = 4096
 
 
-def candidate_tile(local_topk: int) -> int:
-    """Candidates the finish holds in registers at once (a power of two)."""
-    return triton.next_power_of_2(max(4096, 2 * local_topk))
-
-
-def candidate_room(local_topk: int) -> int:
-    """Candidates a row may have before it falls back to the whole-row walk.
-    Twice the tile: at large N/S (N = 1536 of 131072) the sample's margin
-    puts about 2.2N candidates in a row, close to one tile."""
-    return 2 * candidate_tile(local_topk)
-
-
-def sample_size(local_topk: int, width: int) -> int:
-    """Tokens the estimate samples from a row of ``width``: the fewest of
-    SAMPLE, 2 * SAMPLE, 4 * SAMPLE whose expected candidates (the estimate's
-    margin, ``need`` in ``estimate_kernel``, included) fill at most 3/4 of a
-    tile, so that rows rarely walk the list (N = 1536 of 131072 needs 4096);
-    the whole row when it is shorter."""
-    tile = candidate_tile(local_topk)
-    for sample in (SAMPLE, 2 * SAMPLE, 4 * SAMPLE):
+def candidate_plan(local_topk: int, width: int) -> tuple[int, int, int]:
+    """(sample, tile, room) for rows of ``width``: the tokens the estimate
+    samples, the candidates the finish holds in registers at once (both
+    powers of two), and how many a row may have before it falls back to the
+    whole-row walk (between tile and room the finish walks them tile by
+    tile). The finish's time follows its tile, so the tile is the smallest
+    that holds a row's candidates with four standard deviations to spare:
+    the sample's ``need``-th score (``estimate_kernel``) leaves about
+    C = need * width / sample tokens, give or take C / sqrt(need). The
+    estimate's time follows its sample, so 2 * SAMPLE only where it halves
+    the tile (N = 384 of 131072: 4096 tokens and a tile of 2048). A row no
+    longer than the sample is sampled whole (tau is then exact, and the
+    candidates are its top-N and their ties). Tiles are at least 256 (a
+    token per thread) and at most MAX_TILE (registers)."""
+    best = None
+    for sample in (SAMPLE, 2 * SAMPLE):
         if sample >= width:
-            return triton.next_power_of_2(max(width, 1))
-        expected = local_topk * sample / width
-        if width / sample * (expected + 5 * math.sqrt(expected) + 4) <= 0.75 * tile:
+            sample = triton.next_power_of_2(max(width, 1))
+            tile = triton.next_power_of_2(max(min(width, 2 * local_topk), 256))
+        else:
+            expected = local_topk * sample / width
+            need = math.ceil(expected + 5 * math.sqrt(expected)) + 4
+            candidates = need * width / sample
+            tile = triton.next_power_of_2(max(math.ceil(candidates * (1 + 4 / math.sqrt(need))), 256))
+        if best is None or tile < best[1]:
+            best = sample, tile
+        if sample >= width:
             break
-    return sample
+    tile = min(best[1], MAX_TILE)
+    return best[0], tile, 2 * tile
 
 
 def _planes(out, local_topk: int) -> int:
@@ -373,11 +378,11 @@ def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, push=Non
         return
     limit = min(width, max_local_len)
     blocks = max(1, triton.cdiv(limit, FILTER_BLOCK))
-    tile, room = candidate_tile(local_topk), candidate_room(local_topk)
+    sample, tile, room = candidate_plan(local_topk, limit)
     scratch = torch.empty((rows, 1 + blocks + blocks * FILTER_BLOCK), dtype=torch.int32, device=out.device)
     args = (logits, row_ends, logits.stride(0), limit, scratch.stride(0))
     pdl = dependent_launch(out.device)
-    estimate_kernel[(rows,)](scratch, *args, N=local_topk, SAMPLE=sample_size(local_topk, limit),
+    estimate_kernel[(rows,)](scratch, *args, N=local_topk, SAMPLE=sample,
                              num_warps=ESTIMATE_WARPS, **pdl)
     filter_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS,
                                   **pdl)

@@ -47,9 +47,9 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
     outs = dict(EMIT_IDS=True, EMIT_ROWS=True, SORTED=False, INTERLEAVE=1, GID_BITS=gid_bits)
     rows = dict(logits_ptr=logits, row_ends_ptr=P32, logits_stride=I32, width_limit=I32, scratch_stride=I32)
     blocks = 32
-    tile, room = pack.candidate_tile(local_topk), pack.candidate_room(local_topk)
+    sample, tile, room = pack.candidate_plan(local_topk, blocks * pack.FILTER_BLOCK)
     yield (pack.estimate_kernel, sig(pack.estimate_kernel, scratch_ptr=P32, **rows),
-           dict(N=local_topk, SAMPLE=pack.SAMPLE), pack.ESTIMATE_WARPS)
+           dict(N=local_topk, SAMPLE=sample), pack.ESTIMATE_WARPS)
     yield (pack.filter_kernel, sig(pack.filter_kernel, scratch_ptr=P32, **rows),
            dict(BLOCKS=blocks, BLOCK=pack.FILTER_BLOCK), pack.FILTER_WARPS)
     yield (pack.finish_kernel, sig(pack.finish_kernel, out_ptr=P32, scratch_ptr=P32, **rows, epochs_ptr=P32,

@@ -3,6 +3,7 @@
 On CPU these run under TRITON_INTERPRET=1 (small shapes, in CI); the ``gpu``
 tests run the same comparison at serving shapes on one GPU."""
 
+import math
 import os
 
 import pytest
@@ -108,10 +109,9 @@ def test_pack_candidates_and_whole_row_walk_match_reference(monkeypatch, tile, r
 
     monkeypatch.setattr(pack, "FILTER_BLOCK", 1024)
     monkeypatch.setattr(pack, "SAMPLE", 512)
+    plan = pack.candidate_plan
     if tile is not None:
-        monkeypatch.setattr(pack, "candidate_tile", lambda local_topk: tile)
-    if room is not None:
-        monkeypatch.setattr(pack, "candidate_room", lambda local_topk: room)
+        monkeypatch.setattr(pack, "candidate_plan", lambda local_topk, width: (plan(local_topk, width)[0], tile, room))
     device = "cuda" if not interpreted else "cpu"
     cases = [c for c in families(1, seed=6, rows=2, width=4500, topk=256) if c[0] != "inf_and_signed_zero"]
     ascending = torch.linspace(-3, 3, 4500).bfloat16().expand(1, 2, 4500).contiguous()
@@ -255,17 +255,30 @@ def test_kth_largest_near_the_top_and_far_from_it():
 
 
 @needs_triton
-def test_sample_grows_when_its_margin_would_overflow_a_tile():
-    """The estimate's sample: 2048 tokens, whole short rows, and more when
-    N/S is large enough that 2048 would put most rows past one tile (the
-    2-GPU shape N = 1536 of 131072, which once walked whole rows)."""
+def test_candidate_plan_keeps_the_tile_small_with_room_to_spare():
+    """The estimate's sample and the finish's tile: the smallest tile that
+    holds a row's expected candidates with four standard deviations to
+    spare, a larger sample only where it halves the tile, whole short rows,
+    and tiles between 256 and MAX_TILE."""
     from nvshmem_topk.kernels import pack
 
-    assert pack.sample_size(384, 131072) == 2048
-    assert pack.sample_size(384, 1000) == 1024
-    assert pack.sample_size(1536, 65536) == 2048
-    assert pack.sample_size(1536, 131072) == 4096
-    assert pack.candidate_room(1536) == 2 * pack.candidate_tile(1536) == 8192
+    assert pack.candidate_plan(384, 16384) == (2048, 1024, 2048)
+    assert pack.candidate_plan(384, 65536) == (2048, 2048, 4096)
+    assert pack.candidate_plan(384, 131072) == (4096, 2048, 4096)
+    assert pack.candidate_plan(1536, 65536) == (2048, 4096, 8192)
+    assert pack.candidate_plan(1536, 131072) == (4096, 4096, 8192)
+    assert pack.candidate_plan(384, 1000) == (1024, 1024, 2048)
+    assert pack.candidate_plan(32, 4500) == (2048, 256, 512)
+    assert pack.candidate_plan(2048, 131072)[1] == pack.MAX_TILE
+    gen = torch.Generator().manual_seed(7)
+    for n, width in ((384, 16384), (384, 131072), (1536, 65536)):  # the margin holds on normal scores
+        sample, tile, _ = pack.candidate_plan(n, width)
+        expected = n * sample / width
+        need = math.ceil(expected + 5 * math.sqrt(expected)) + 4
+        rows = torch.randn(64, width, generator=gen)
+        tau = rows[:, :: width // sample].topk(need, dim=1).values[:, -1:]
+        counts = (rows >= tau).sum(dim=1)
+        assert n <= int(counts.min()) and int(counts.max()) <= tile, (n, width, counts.min(), counts.max())
 
 
 @needs_triton
