@@ -18,6 +18,8 @@ kernel launch: a kernel released before its own wait would let the whole
 chain launch at once, every CTA holding its registers while it waits.
 """
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -26,8 +28,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 def dependent_launch(device: torch.device) -> dict:
     """The PDL constexpr and launch option of a kernel on ``device`` (the
-    interpreter runs kernels one after another and has no PDL)."""
-    pdl = device.type == "cuda"
+    interpreter runs kernels one after another and has no PDL).
+    NVSHMEM_TOPK_PDL=0 turns PDL off: the benchmarks' per-kernel times do,
+    since under PDL a kernel's profiled time also covers its prior's."""
+    pdl = device.type == "cuda" and os.environ.get("NVSHMEM_TOPK_PDL", "1") != "0"
     return dict(PDL=pdl, launch_pdl=pdl)
 
 

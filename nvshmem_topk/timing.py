@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 
 from ._backends import Outputs
@@ -46,6 +49,22 @@ def graphed(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
         for _ in range(calls):
             fn()
     return graph
+
+
+@contextlib.contextmanager
+def without_pdl():
+    """Kernels launched (and graphs captured) inside launch without
+    programmatic dependent launch (kernels/sync.py), so that each kernel's
+    profiled time is its own: under PDL it also covers its prior's."""
+    before = os.environ.get("NVSHMEM_TOPK_PDL")
+    os.environ["NVSHMEM_TOPK_PDL"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["NVSHMEM_TOPK_PDL"]
+        else:
+            os.environ["NVSHMEM_TOPK_PDL"] = before
 
 
 def kernel_times(fn, iters: int = 20) -> dict[str, float]:

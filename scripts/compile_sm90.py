@@ -49,13 +49,14 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
     blocks = 32
     sample, tile, room = pack.candidate_plan(local_topk, blocks * pack.FILTER_BLOCK)
     yield (pack.estimate_kernel, sig(pack.estimate_kernel, scratch_ptr=P32, **rows),
-           dict(N=local_topk, SAMPLE=sample), pack.ESTIMATE_WARPS)
+           dict(N=local_topk, SAMPLE=sample), pack._warps(pack.ESTIMATE_WARPS, sample))
     yield (pack.filter_kernel, sig(pack.filter_kernel, scratch_ptr=P32, **rows),
            dict(BLOCKS=blocks, BLOCK=pack.FILTER_BLOCK), pack.FILTER_WARPS)
     yield (pack.finish_kernel, sig(pack.finish_kernel, out_ptr=P32, scratch_ptr=P32, **rows, epochs_ptr=P32,
                                    gather_ptrs=P64, flag_ptrs=P64, max_rows=I32, rank=I32),
            dict(N=local_topk, PLANES=planes, BLOCKS=blocks, BLOCKS_P2=blocks, REGION=pack.FILTER_BLOCK,
-                TILE=tile, ROOM=room, ROW_BLOCK=pack.ROW_BLOCK, WORLD=world_size), pack.FINISH_WARPS)
+                TILE=tile, ROOM=room, ROW_BLOCK=pack.ROW_BLOCK, WORLD=world_size),
+           pack._warps(pack.FINISH_WARPS, tile))
     words = local_topk + planes * (local_topk // 32)
     yield (exchange.push_rows_kernel, sig(exchange.push_rows_kernel, packed_ptr=P32, epochs_ptr=P32,
                                           gather_ptrs=P64, flag_ptrs=P64, pes_ptr=P32, max_rows=I32, rank=I32),
