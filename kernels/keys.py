@@ -127,7 +127,7 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
     need = k - above
     if bucket < 0:  # fewer than k keys
         kth = tl.zeros((), dtype=tl.int64)
-    elif bucket == 0:
+    elif bucket == 0:  # the whole key from its top bit (need + above is k, as a tensor like need)
         kth = _gid_select(flat, present, tl.zeros((), dtype=tl.int64), need + above, tl.full((), KEY_BITS, tl.int32))
     elif need == bucket_count:  # every key of the k-th score is taken
         kth = tl.min(tl.where(present & (score == boundary), flat, 0x7FFFFFFFFFFFFFFF), axis=0)

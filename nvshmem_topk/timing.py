@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
+from unittest import mock
 
 import torch
 
@@ -51,20 +51,11 @@ def graphed(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
     return graph
 
 
-@contextlib.contextmanager
 def without_pdl():
-    """Kernels launched (and graphs captured) inside launch without
-    programmatic dependent launch (kernels/sync.py), so that each kernel's
-    profiled time is its own: under PDL it also covers its prior's."""
-    before = os.environ.get("NVSHMEM_TOPK_PDL")
-    os.environ["NVSHMEM_TOPK_PDL"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["NVSHMEM_TOPK_PDL"]
-        else:
-            os.environ["NVSHMEM_TOPK_PDL"] = before
+    """A context in which kernels are launched (and graphs captured)
+    without programmatic dependent launch (kernels/sync.py), so that each
+    kernel's profiled time is its own: under PDL it also covers its prior's."""
+    return mock.patch.dict(os.environ, {"NVSHMEM_TOPK_PDL": "0"})
 
 
 def kernel_times(fn, iters: int = 20) -> dict[str, float]:
