@@ -13,7 +13,11 @@ Bytes (for reading the pack numbers): one pass over bf16 logits reads
 2*T*S bytes; the pack makes one such pass (the filter), plus a sample of
 2048 or 4096 tokens per row and the candidates (about 2N to 4N per row).
 Per-kernel times come from a graph launched without PDL (each kernel's
-own time); the timed graphs use it, as the library does by default."""
+own time); the timed graphs use it, as the library does by default.
+
+The generic merge's compute is timed twice: its local top-Ks as one call
+over all W ranks' rows ("generic"), and a call per rank ("by rank"), as W
+GPUs run them and as the simulated group runs this library's pack."""
 
 from __future__ import annotations
 
@@ -86,7 +90,8 @@ def main() -> None:
             print(f"{'':<14}{rows:>5}{width:>8}{t_pack:>9.1f}{t_eager:>9.1f}{t_topk:>9.1f}{t_topk / t_pack:>8.1f}x"
                   f"  exact={exact}  " + " ".join(f"{name.split('_')[0]} {us:.1f}" for name, us in kernels.items()))
 
-    print(f"{'merge W=8':<14}{'T':>5}{'S':>8}{'eager':>9}{'graph':>9}{'generic':>9}{'vs graph':>9}{'select':>9}")
+    print(f"{'merge W=8':<14}{'T':>5}{'S':>8}{'eager':>9}{'graph':>9}{'generic':>9}{'vs graph':>9}"
+          f"{'by rank':>9}{'vs graph':>9}{'select':>9}")
     world = 8
     n = default_local_topk(k, world)
     for rows in args.rows:
@@ -97,9 +102,12 @@ def main() -> None:
             t_merge = bench(run)
             t_graph = bench(graphed(run).replay)
             t_generic = bench(graphed(lambda: generic_merge_compute(logits, k)).replay)
+            t_by_rank = bench(graphed(lambda: generic_merge_compute(logits, k, rank_by_rank=True)).replay)
             expected = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference")
             run()
             exact = bool(torch.equal(run.ids, expected))
+            with without_pdl():  # each kernel's own time, per rank
+                kernels = {name: us / world for name, us in kernel_times(graphed(run).replay).items()}
             # The select alone, re-run on one epoch: flags far ahead let its
             # waits pass at once (the select never advances the epoch).
             for ws in run.workspaces:
@@ -109,10 +117,13 @@ def main() -> None:
             t_select = bench(graphed(select, CALLS).replay, CALLS)
             results["merge"].append(dict(W=world, T=rows, S=width, N=n, merge_eager_us=t_merge,
                                          merge_graph_us=t_graph, generic_us=t_generic,
-                                         select_us=t_select, exact=exact))
+                                         generic_rank_by_rank_us=t_by_rank, select_us=t_select, exact=exact,
+                                         kernels_per_rank_us=kernels))
             save()
             print(f"{'':<14}{rows:>5}{width:>8}{t_merge:>9.1f}{t_graph:>9.1f}{t_generic:>9.1f}"
-                  f"{t_generic / t_graph:>8.1f}x{t_select:>9.1f}  exact={exact}")
+                  f"{t_generic / t_graph:>8.1f}x{t_by_rank:>9.1f}{t_by_rank / t_graph:>8.1f}x{t_select:>9.1f}"
+                  f"  exact={exact}  per rank: " + " ".join(f"{name.split('_')[0]} {us:.1f}"
+                                                          for name, us in kernels.items()))
             run.destroy()
 
 

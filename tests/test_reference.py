@@ -218,3 +218,16 @@ def test_property_matches_the_oracle(world_size, rows, width, k_blocks, n_blocks
     topk = 32 * k_blocks
     ids = simulate_dcp_topk_merge(logits, ends, topk=topk, local_topk=32 * n_blocks, interleave=interleave)
     assert_exact(ids, oracle_topk(logits, ends, topk, interleave))
+
+
+@pytest.mark.parametrize("rank_by_rank", [False, True])
+def test_the_generic_baseline_finds_the_top_k(rank_by_rank):
+    from nvshmem_topk.baseline import generic_merge_compute
+
+    world, rows, width, k = 3, 2, 200, 50
+    # Distinct scores (consecutive positive bf16 patterns, shuffled): the top-K is one set.
+    bits = 0x3F80 + torch.randperm(world * rows * width, generator=torch.Generator().manual_seed(5))
+    logits = bits.to(torch.int16).view(torch.bfloat16).reshape(world, rows, width)
+    ids = generic_merge_compute(logits, k, rank_by_rank=rank_by_rank)
+    ends = torch.full((world, rows), width, dtype=torch.int32)
+    assert [sorted(r) for r in ids.tolist()] == [sorted(r) for r in oracle_topk(logits, ends, k)]
