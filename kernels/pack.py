@@ -12,8 +12,8 @@ The pack itself selects from a short candidate list, not the row:
      reach;
   2. filter (a program per block of the row): tokens >= tau are candidates
      (bf16 compared as floats, 16-byte loads); each block writes their
-     packed words (score and low id bits), in order, to its own region of
-     the scratch, and their count;
+     words (bf16 bits and low id bits), in order, to its own region of the
+     scratch, and their count;
   3. finish (a program per row): the running sums of the counts place each
      region's candidates in the row's list (a binary search per slot). When
      the candidates hold the row's top-N (at least N of them, or tau = 0 so
@@ -68,8 +68,9 @@ def _candidates(scratch, slot, total, counts, ends, BLOCKS: tl.constexpr, BLOCKS
     their own regions: a binary search over the blocks' inclusive ends
     (``ends``, held in registers with the ``counts``; BLOCKS_P2 entries,
     padded with the total) finds the block of each slot, the first whose end
-    is past it. A word holds the score and the id's low 16 bits; the block
-    gives the rest (a block never straddles 2^16)."""
+    is past it. A word holds the score's bf16 bits and the id's low 16 bits
+    (as a packed word's, inverted); the block gives the id's other bits (a
+    block never straddles 2^16)."""
     block = tl.zeros(slot.shape, dtype=tl.int32)
     for k in tl.static_range(20):  # halving steps BLOCKS_P2 / 2, ..., 1 (compile-time)
         if (BLOCKS_P2 >> (k + 1)) > 0:
@@ -79,7 +80,7 @@ def _candidates(scratch, slot, total, counts, ends, BLOCKS: tl.constexpr, BLOCKS
     valid = slot < total
     word = tl.load(scratch + 1 + BLOCKS + block.to(tl.int64) * BLOCK + slot - start, mask=valid, other=0)
     local = ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF))
-    return local, (word >> 16) & 0xFFFF, valid
+    return local, ord16((word >> 16) & 0xFFFF), valid
 
 
 @triton.jit
@@ -207,8 +208,9 @@ def _row_end(row_ends_ptr, row, width_limit):
 
 
 # Scratch per row (int32): [0] tau, [1, 1 + BLOCKS) candidates per block,
-# then one region of BLOCK candidate words per block (a packed row's word:
-# the block, a power of two up to 2^16, holds the id's other bits).
+# then one region of BLOCK candidate words per block: bf16 bits << 16 and
+# 0xFFFF - (id & 0xFFFF) (the block, a power of two up to 2^16, gives the
+# id's other bits).
 
 
 @triton.jit
@@ -244,11 +246,12 @@ def _score_floor(tau):
 
 @triton.jit
 def _reaches(ptrs, inside, tau, floor, WHOLE: tl.constexpr):
-    """(reached, ord16) of the tokens at ``ptrs`` (those ``inside``; all
-    when WHOLE, so that the load is unmasked and vectorised): whether each
-    scores at least ``tau`` (NaN never), and its ord16 score. bf16 is
-    compared as a float against ``floor`` (a few instructions a token); fp32
-    goes through its bf16 rounding."""
+    """(reached, bf16 bits << 16 as int32) of the tokens at ``ptrs`` (those
+    ``inside``; all when WHOLE, so that the load is unmasked and
+    vectorised): whether each scores at least ``tau`` (NaN never), and its
+    bits as the high half of a word. bf16 is compared as a float against
+    ``floor`` (a few instructions a token); fp32 goes through its bf16
+    rounding."""
     if ptrs.dtype.element_ty == tl.bfloat16:
         if WHOLE:
             x = tl.load(ptrs)
@@ -256,21 +259,20 @@ def _reaches(ptrs, inside, tau, floor, WHOLE: tl.constexpr):
             x = tl.load(ptrs, mask=inside, other=float("nan"))
         # Widened on the bits (a bf16 is the high half of its fp32): exact for
         # subnormals too, which the interpreter's bf16 conversion is not.
-        bits = x.to(tl.int16, bitcast=True).to(tl.int32)
-        reached = (bits << 16).to(tl.float32, bitcast=True) >= floor
-        score = ord16(bits & 0xFFFF)
+        wide = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
+        reached = wide.to(tl.float32, bitcast=True) >= floor
     else:
         bits = score_bits(ptrs, inside)
-        score = ord16(bits)
-        reached = inside & ~is_nan_bits(bits) & (score >= tau)
-    return reached, score
+        reached = inside & ~is_nan_bits(bits) & (ord16(bits) >= tau)
+        wide = bits << 16
+    return reached, wide
 
 
 @triton.jit
 def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
                   BLOCKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """One read of the block: its candidates' packed words (ord16 and the
-    local id's low 16 bits, so that the finish reads no logits), in order,
+    """One read of the block: its candidates' words (bf16 bits and the local
+    id's low 16 bits, so that the finish reads no logits), in order,
     to the block's own region, and their count (the finish finds where each
     region's candidates fall in the row's list). The block is held as
     [BLOCK / 8, 8]: each thread loads 8 tokens at once and numbers its
@@ -285,14 +287,13 @@ def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_li
     tau = tl.load(scratch)
     floor = _score_floor(tau)
     if (block + 1) * BLOCK <= end:
-        candidate, score = _reaches(ptrs, local < end, tau, floor, True)
+        candidate, wide = _reaches(ptrs, local < end, tau, floor, True)
     else:
-        candidate, score = _reaches(ptrs, local < end, tau, floor, False)
+        candidate, wide = _reaches(ptrs, local < end, tau, floor, False)
     flag = candidate.to(tl.int32)
     per_line = tl.sum(flag, axis=1)
     pos = (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag
-    word = (score << 16) | (0xFFFF - (local & 0xFFFF))
-    tl.store(scratch + 1 + BLOCKS + block.to(tl.int64) * BLOCK + pos, word, mask=candidate)
+    tl.store(scratch + 1 + BLOCKS + block.to(tl.int64) * BLOCK + pos, wide | (~local & 0xFFFF), mask=candidate)
     tl.store(scratch + 1 + block, tl.sum(per_line, axis=0))
 
 
