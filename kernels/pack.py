@@ -337,7 +337,7 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
 
 SAMPLE = 2048
 ESTIMATE_WARPS = 8
-FILTER_BLOCK = 2048  # a power of two up to 2^16: the finish rebuilds ids from a candidate's block
+FILTER_BLOCK = 4096  # a power of two up to 2^16: the finish rebuilds ids from a candidate's block
 FILTER_WARPS = 4
 FINISH_WARPS = 8
 ROW_BLOCK = 4096
