@@ -127,19 +127,19 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
     need = k - above
     if bucket < 0:  # fewer than k keys
         kth = tl.zeros((), dtype=tl.int64)
-    elif bucket == 0:  # the whole key from its top bit (need + above is k, as a tensor like need)
-        kth = _gid_select(flat, present, tl.zeros((), dtype=tl.int64), need + above, tl.full((), KEY_BITS, tl.int32))
-    elif need == bucket_count:  # every key of the k-th score is taken
+    elif (bucket > 0) & (need == bucket_count):  # every key of the k-th score is taken
         kth = tl.min(tl.where(present & (score == boundary), flat, 0x7FFFFFFFFFFFFFFF), axis=0)
-    elif bucket_count <= TIE_TILE:
+    elif (bucket > 0) & (bucket_count <= TIE_TILE):
         tie = (keys != 0) & ((keys >> (KEY_BITS - 16)) == boundary)
         tl.store(tie_ptr + flat_positions(tie.to(tl.int32)), keys, mask=tie)
         tl.debug_barrier()  # the block's stores are seen by all its threads
         slot = tl.arange(0, TIE_TILE)
         ties = tl.load(tie_ptr + slot, mask=slot < bucket_count, other=0)
         kth = _gid_select(ties, ties != 0, prefix, need, tl.full((), KEY_BITS - 16, tl.int32))
-    else:
-        kth = _gid_select(flat, present, prefix, need, tl.full((), KEY_BITS - 16, tl.int32))
+    else:  # over all the keys: from the key's top bit when the boundary fell in bin 0
+        far = bucket == 0  # one inlined copy of the radix serves both cases
+        kth = _gid_select(flat, present, tl.where(far, 0, prefix), tl.where(far, k, need),
+                          tl.where(far, KEY_BITS, KEY_BITS - 16))
     return kth
 
 

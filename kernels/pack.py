@@ -11,8 +11,9 @@ The pack itself selects from a short candidate list, not the row:
      a score ``tau`` that, by the sample, comfortably more than N tokens
      reach;
   2. filter (a program per block of the row): tokens >= tau are candidates
-     (bf16 compared as floats, 16-byte loads); each block writes their local
-     ids, in order, to its own region of the scratch, and their count;
+     (bf16 compared as floats, 16-byte loads); each block writes their
+     words (bf16 bits and low id bits), in order, to its own region of the
+     scratch, and their count;
   3. finish (a program per row): the running sums of the counts place each
      region's candidates in the row's list (a binary search per slot). When
      the candidates hold the row's top-N (at least N of them, or tau = 0 so
@@ -26,7 +27,8 @@ The pack itself selects from a short candidate list, not the row:
 A tile in registers (the sample, the candidates) takes its threshold from
 one histogram of each score's distance below the tile's top; the byte
 histograms run only when the boundary lies 255 or more steps down. Only the
-filter reads the whole row, once, and it only compares."""
+filter reads the whole row, once; the finish reads only the candidates'
+words, not the logits."""
 
 import math
 
@@ -59,20 +61,26 @@ def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
 
 
 @triton.jit
-def _candidate_ids(scratch, slot, total, counts, ends, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    """Local ids of candidates ``slot`` (in ascending local id) of a row
-    whose blocks wrote their candidates to their own regions: a binary
-    search over the blocks' inclusive ends (``ends``, held in registers with
-    the ``counts``; BLOCKS_P2 entries, padded with the total) finds the
-    block of each slot, the first whose end is past it."""
+def _candidates(scratch, slot, total, counts, ends, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """(local id, ord16 score, valid) of candidates ``slot`` (in ascending
+    local id) of a row whose blocks wrote their candidates' packed words to
+    their own regions: a binary search over the blocks' inclusive ends
+    (``ends``, held in registers with the ``counts``; BLOCKS_P2 entries,
+    padded with the total) finds the block of each slot, the first whose end
+    is past it. A word holds the score's bf16 bits and the id's low 16 bits
+    (as a packed word's, inverted); the block gives the id's other bits (a
+    block never straddles 2^16)."""
     block = tl.zeros(slot.shape, dtype=tl.int32)
     for k in tl.static_range(20):  # halving steps BLOCKS_P2 / 2, ..., 1 (compile-time)
         if (BLOCKS_P2 >> (k + 1)) > 0:
             probe = block + (BLOCKS_P2 >> (k + 1))
             block = tl.where(tl.gather(ends, probe - 1, 0) <= slot, probe, block)
     start = tl.gather(ends, block, 0) - tl.gather(counts, block, 0)
-    return tl.load(scratch + 1 + BLOCKS + block.to(tl.int64) * BLOCK + slot - start, mask=slot < total, other=0)
+    valid = slot < total
+    word = tl.load(scratch + 1 + BLOCKS + block.to(tl.int64) * BLOCK + slot - start, mask=valid, other=0)
+    local = ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF))
+    return local, ord16((word >> 16) & 0xFFFF), valid
 
 
 @triton.jit
@@ -83,10 +91,10 @@ def _walk_tokens(in_row, scratch, counts, ends, start, count, FROM_LIST: tl.cons
     itself), and their (ord16 score, valid)."""
     i = start + tl.arange(0, BLOCK)
     if FROM_LIST:
-        local = _candidate_ids(scratch, i, count, counts, ends, BLOCKS, BLOCKS_P2, REGION)
+        local, score, valid = _candidates(scratch, i, count, counts, ends, BLOCKS, BLOCKS_P2, REGION)
     else:
         local = i
-    score, valid = _scores(in_row, local, i < count)
+        score, valid = _scores(in_row, local, i < count)
     return local, score, valid
 
 
@@ -200,7 +208,9 @@ def _row_end(row_ends_ptr, row, width_limit):
 
 
 # Scratch per row (int32): [0] tau, [1, 1 + BLOCKS) candidates per block,
-# then one region of BLOCK candidate local ids per block.
+# then one region of BLOCK candidate words per block: bf16 bits << 16 and
+# 0xFFFF - (id & 0xFFFF) (the block, a power of two up to 2^16, gives the
+# id's other bits).
 
 
 @triton.jit
@@ -236,10 +246,12 @@ def _score_floor(tau):
 
 @triton.jit
 def _reaches(ptrs, inside, tau, floor, WHOLE: tl.constexpr):
-    """Which tokens at ``ptrs`` (those ``inside``; all when WHOLE, so that
-    the load is unmasked and vectorised) score at least ``tau``; NaN never.
-    bf16 is compared as a float against ``floor`` (a few instructions a
-    token); fp32 goes through its bf16 rounding."""
+    """(reached, bf16 bits << 16 as int32) of the tokens at ``ptrs`` (those
+    ``inside``; all when WHOLE, so that the load is unmasked and
+    vectorised): whether each scores at least ``tau`` (NaN never), and its
+    bits as the high half of a word. bf16 is compared as a float against
+    ``floor`` (a few instructions a token); fp32 goes through its bf16
+    rounding."""
     if ptrs.dtype.element_ty == tl.bfloat16:
         if WHOLE:
             x = tl.load(ptrs)
@@ -247,19 +259,21 @@ def _reaches(ptrs, inside, tau, floor, WHOLE: tl.constexpr):
             x = tl.load(ptrs, mask=inside, other=float("nan"))
         # Widened on the bits (a bf16 is the high half of its fp32): exact for
         # subnormals too, which the interpreter's bf16 conversion is not.
-        wide = (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-        reached = wide >= floor
+        wide = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
+        reached = wide.to(tl.float32, bitcast=True) >= floor
     else:
         bits = score_bits(ptrs, inside)
         reached = inside & ~is_nan_bits(bits) & (ord16(bits) >= tau)
-    return reached
+        wide = bits << 16
+    return reached, wide
 
 
 @triton.jit
 def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
                   BLOCKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """One read of the block: its candidates' local ids, in order, to the
-    block's own region, and their count (the finish finds where each
+    """One read of the block: its candidates' words (bf16 bits and the local
+    id's low 16 bits, so that the finish reads no logits), in order,
+    to the block's own region, and their count (the finish finds where each
     region's candidates fall in the row's list). The block is held as
     [BLOCK / 8, 8]: each thread loads 8 tokens at once and numbers its
     candidates itself; one scan across the block's lines places them."""
@@ -273,13 +287,13 @@ def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_li
     tau = tl.load(scratch)
     floor = _score_floor(tau)
     if (block + 1) * BLOCK <= end:
-        candidate = _reaches(ptrs, local < end, tau, floor, True)
+        candidate, wide = _reaches(ptrs, local < end, tau, floor, True)
     else:
-        candidate = _reaches(ptrs, local < end, tau, floor, False)
+        candidate, wide = _reaches(ptrs, local < end, tau, floor, False)
     flag = candidate.to(tl.int32)
     per_line = tl.sum(flag, axis=1)
     pos = (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag
-    tl.store(scratch + 1 + BLOCKS + block.to(tl.int64) * BLOCK + pos, local, mask=candidate)
+    tl.store(scratch + 1 + BLOCKS + block.to(tl.int64) * BLOCK + pos, wide | (~local & 0xFFFF), mask=candidate)
     tl.store(scratch + 1 + block, tl.sum(per_line, axis=0))
 
 
@@ -304,9 +318,8 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
     total = tl.max(ends, axis=0)
     complete = (total <= ROOM) & ((total >= N) | (tl.load(scratch) == 0))
     if complete & (total <= TILE):  # the common case: loaded once, selected in registers
-        slot = tl.arange(0, TILE)
-        local = _candidate_ids(scratch, slot, total, counts, ends, BLOCKS, BLOCKS_P2, REGION)
-        score, valid = _scores(in_row, local, slot < total)
+        local, score, valid = _candidates(scratch, tl.arange(0, TILE), total, counts, ends, BLOCKS, BLOCKS_P2,
+                                          REGION)
         _zero_row(out_row, words, 1024)
         threshold, ties_taken = _tile_threshold(score, valid, N)
         tl.debug_barrier()
@@ -324,7 +337,7 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
 
 SAMPLE = 2048
 ESTIMATE_WARPS = 8
-FILTER_BLOCK = 2048
+FILTER_BLOCK = 4096  # a power of two up to 2^16: the finish rebuilds ids from a candidate's block
 FILTER_WARPS = 4
 FINISH_WARPS = 8
 ROW_BLOCK = 4096

@@ -28,7 +28,7 @@ def reaches_kernel(out_ptr, x_ptr, tau_ptr, WIDTH: tl.constexpr, BLOCK: tl.const
     tau = tl.load(tau_ptr + case)
     for start in tl.range(0, WIDTH, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        reached = _reaches(x_ptr + offs, offs < WIDTH, tau, _score_floor(tau), WHOLE)
+        reached, _ = _reaches(x_ptr + offs, offs < WIDTH, tau, _score_floor(tau), WHOLE)
         tl.store(out_ptr + case * WIDTH + offs, reached.to(tl.int8), mask=offs < WIDTH)
 
 
