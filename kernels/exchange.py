@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from . import nvshmem_device
-from .sync import after_prior_kernel, dependent_launch, release_flag
+from .sync import after_prior_kernel, dependent_launch, release_flags
 
 
 @triton.jit
@@ -36,13 +36,16 @@ def store_to_peers(src, peer_ptrs, dest, skip, WORDS: tl.constexpr, WORLD: tl.co
                 tl.store(peer + dest + offs, words, mask=offs < WORDS)
 
 
+MAX_PEERS = tl.constexpr(16)  # format.MAX_WORLD_SIZE
+
+
 @triton.jit
 def release_peers(flag_ptrs, flag, epoch, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
     """Raise flag word ``flag`` to ``epoch`` on every address peer."""
-    for q in tl.static_range(WORLD):
-        if ((LIBRARY_PEERS >> q) & 1) == 0:
-            peer_flags = tl.load(flag_ptrs + q).to(tl.pointer_type(tl.int32))
-            release_flag(peer_flags + flag, epoch)
+    q = tl.arange(0, MAX_PEERS)
+    by_address = (q < WORLD) & (((LIBRARY_PEERS >> q) & 1) == 0)
+    peer_flags = tl.load(flag_ptrs + q, mask=by_address, other=0).to(tl.pointer_type(tl.int32))
+    release_flags(peer_flags + flag, epoch, by_address)
 
 
 @triton.jit

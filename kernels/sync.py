@@ -1,8 +1,10 @@
 """Cross-rank synchronisation primitives, the only place they are written.
 
-Release: every thread's payload stores, a CTA barrier, then one system-scope
-release exchange of the flag (the release orders the barrier-ordered stores
-of the whole block before the flag). Acquire: system-scope acquire reads of
+Release: every thread's payload stores, a CTA barrier, then a system-scope
+release exchange of each flag (the release orders the barrier-ordered stores
+of the whole block before the flag), each flag by its own thread, all at
+once: a release waits until the block's stores are visible system-wide, and
+one thread releasing W peers' flags in turn would wait W times. Acquire: system-scope acquire reads of
 the flags before any payload read; the reduction over what they saw crosses
 a CTA barrier before the payload is read. Waits are bounded by a spin count;
 the caller turns a miss into a status record, never a hang. Each flag is
@@ -45,9 +47,11 @@ def after_prior_kernel(PDL: tl.constexpr):
 
 
 @triton.jit
-def release_flag(flag_ptr, value):
+def release_flags(flag_ptrs, value, mask):
+    """Raise the flags ``flag_ptrs`` (a 1-D tensor of pointers; ``mask``
+    says which) to ``value``, after the block's stores."""
     tl.debug_barrier()
-    tl.atomic_xchg(flag_ptr, value, sem="release", scope="sys")
+    tl.atomic_xchg(flag_ptrs, value, mask=mask, sem="release", scope="sys")
 
 
 @triton.jit

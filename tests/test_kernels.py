@@ -255,6 +255,18 @@ def test_kth_largest_near_the_top_and_far_from_it():
 
 
 @needs_triton
+def test_kernel_constants_mirror_the_layout():
+    """The kernels keep their own copies of the layout's constants (they
+    import nothing of the package); each must equal format's."""
+    from nvshmem_topk import format as fmt
+    from nvshmem_topk.kernels import exchange, keys
+
+    assert exchange.MAX_PEERS == fmt.MAX_WORLD_SIZE
+    assert (keys.LOW_BITS, keys.SAT_MASK_SHIFT, keys.SAT_KAPPA_MASK) == (
+        fmt.LOW_BITS, fmt.SAT_MASK_SHIFT, fmt.SAT_KAPPA_MASK)
+
+
+@needs_triton
 def test_candidate_plan_keeps_the_tile_small_with_room_to_spare():
     """The estimate's sample and the finish's tile: the smallest tile that
     holds a row's expected candidates with four standard deviations to
