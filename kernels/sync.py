@@ -4,13 +4,13 @@ Release: every thread's payload stores, a CTA barrier, then a system-scope
 release exchange of each flag (the release orders the barrier-ordered stores
 of the whole block before the flag), each flag by its own thread, all at
 once: a release waits until the block's stores are visible system-wide, and
-one thread releasing W peers' flags in turn would wait W times. Acquire: system-scope acquire reads of
-the flags before any payload read; the reduction over what they saw crosses
-a CTA barrier before the payload is read. Waits are bounded by a spin count;
-the caller turns a miss into a status record, never a hang. Each flag is
-polled by the one thread that holds it (Triton masks a tensor atomic's
-replicated lanes), all of a row's flags at once: one memory round trip per
-poll, not one per peer.
+one thread releasing W peers' flags in turn would wait W times. Acquire:
+system-scope acquire reads of the flags before any payload read; the
+reduction over what they saw crosses a CTA barrier before the payload is
+read. Waits are bounded by a spin count; the caller turns a miss into a
+status record, never a hang. Each flag is polled by the one thread that
+holds it (Triton masks a tensor atomic's replicated lanes), all of a row's
+flags at once: one memory round trip per poll, not one per peer.
 
 Kernel order: on a GPU every kernel is launched as a programmatic dependent
 of the one before it on the stream (PDL), so that its launch overlaps that
