@@ -1,5 +1,6 @@
 """The eager reference: each stage on hand-checked cases, then the whole
-simulated merge against the oracle over every adversarial family."""
+simulated merge against the oracle over every adversarial family; and the
+generic merge the benchmarks compare against."""
 
 import pytest
 import torch
