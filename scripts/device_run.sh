@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU machine's whole run, or the steps named (default: all but merge-library):
 #   kernels  single-GPU benchmark (scripts/bench_kernels.py; JSON saved after every shape)
-#   merge    the merge across 2 GPUs beside the generic merge (scripts/bench_merge.py; needs 2 GPUs)
+#   merge    the merge across the visible GPUs (W of them, at least 2) beside the generic merge
+#            (scripts/bench_merge.py; MERGE_ARGS narrows it)
 #   merge-library  the same on fewer shapes, plus the push merge with every peer reached through
 #            NVSHMEM's device library, in the same run
-#   tests    GPU kernel tests and NVSHMEM tests (W = visible GPUs, at most 2), per-test timeouts;
+#   tests    GPU kernel tests and NVSHMEM tests (W = visible GPUs), per-test timeouts and durations;
 #            the launcher tests run when MPICH's mpiexec is there
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
 #   launch   the demo started by MPICH's mpiexec (Hydra, PMI-1): NVSHMEM's PMI bootstrap, then over mpi4py
@@ -17,7 +18,7 @@
 # Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
 # Logs and results go under $OUT.
 #   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch] [branches] [sweep] [profile]
-#        (BENCH_ARGS narrows the kernel benchmark, TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
+#        (BENCH_ARGS narrows the kernel benchmark, MERGE_ARGS the merge one, TEST_FILES and TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4294967296}  # the merge benchmark keeps 36 workspaces
@@ -40,27 +41,27 @@ for step in $STEPS; do
       timeout "${BENCH_TIMEOUT:-240}" python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" ${BENCH_ARGS:-} \
         2>&1 | grep -v -i warn | tee "$OUT/bench_kernels.log" ;;
     merge)
-      [ "$GPUS" -ge 2 ] && timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node 2 scripts/bench_merge.py \
-        --out "$OUT/bench_merge.json" 2>&1 | grep -v -i warn | tee "$OUT/bench_merge.log" ;;
+      [ "$GPUS" -ge 2 ] && timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node "$GPUS" scripts/bench_merge.py \
+        --out "$OUT/bench_merge.json" ${MERGE_ARGS:-} 2>&1 | grep -v -i warn | tee "$OUT/bench_merge.log" ;;
     merge-library)
-      [ "$GPUS" -ge 2 ] && timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node 2 scripts/bench_merge.py \
+      [ "$GPUS" -ge 2 ] && timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node "$GPUS" scripts/bench_merge.py \
         --library-path --rows 1 64 --widths 16384 65536 --out "$OUT/bench_merge_library.json" 2>&1 \
         | grep -v -i warn | tee "$OUT/bench_merge_library.log" ;;
     tests)
-      timeout "${TEST_TIMEOUT:-600}" python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_nvshmem.py \
-        -p no:cacheprovider --timeout 200 --tb=short -rs ${TEST_ARGS:-} > "$OUT/gpu_tests.log" 2>&1
+      timeout "${TEST_TIMEOUT:-600}" python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_kernels.py tests/test_nvshmem.py} \
+        -p no:cacheprovider --timeout 200 --tb=short -rs --durations 0 ${TEST_ARGS:-} > "$OUT/gpu_tests.log" 2>&1
       tail -25 "$OUT/gpu_tests.log" ;;
     cli)
       { nvshmem-topk info
         timeout 180 nvshmem-topk bench --impl triton --device cuda --rows 1 64 256 --widths 16384 131072 \
           --reps 20 --json "$OUT/cli_bench.json" --plot "$OUT/cli_bench.png"
-        [ "$GPUS" -ge 2 ] && timeout 120 torchrun --nproc-per-node 2 -m nvshmem_topk demo
+        [ "$GPUS" -ge 2 ] && timeout 120 torchrun --nproc-per-node "$GPUS" -m nvshmem_topk demo
         timeout 240 nvshmem-topk check --impl triton --device cuda --world-sizes 2 8
       } 2>&1 | grep -v -i warn | tee "$OUT/cli.log" ;;
     launch)
       { for bootstrap in pmi mpi; do
-          echo "\$ mpiexec -n 2 python3 -m nvshmem_topk demo --bootstrap $bootstrap"
-          timeout 120 mpiexec -n 2 python3 -m nvshmem_topk demo --bootstrap $bootstrap
+          echo "\$ mpiexec -n $GPUS python3 -m nvshmem_topk demo --bootstrap $bootstrap"
+          timeout 120 mpiexec -n $GPUS python3 -m nvshmem_topk demo --bootstrap $bootstrap
         done
       } 2>&1 | grep -v -i warn | tee "$OUT/launch.log" ;;
     branches)  # each branch staged by scripts/stage_branches.sh, beside this checkout, with this checkout's scripts
@@ -72,7 +73,7 @@ for step in $STEPS; do
         echo "## $name"
         PYTHONPATH=$path timeout "${BENCH_TIMEOUT:-240}" python3 scripts/bench_kernels.py \
           --out "/tmp/branches/$name.json" ${BENCH_ARGS:---rows 8 64 --widths 16384 131072}
-        [ "$GPUS" -ge 2 ] && PYTHONPATH=$path timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node 2 \
+        [ "$GPUS" -ge 2 ] && PYTHONPATH=$path timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node "$GPUS" \
           scripts/bench_merge.py --rows 1 64 --widths 16384 65536 --iters 100 --out "/tmp/branches/${name}_merge.json"
       done 2>&1 | grep -v -i warn | tee "$OUT/branches.log"
       tar czf "$OUT/branches.tgz" -C /tmp/branches . ;;

@@ -1,7 +1,7 @@
 """The merge across GPUs through NVSHMEM (one process per GPU, started by
 launch.run_ranks, or by a PMI launcher, with a hard timeout). Needs CUDA and
-nvshmem4py; W is the number of visible GPUs, at most 2 here
-(tests/gpu_worker.py runs any W). The launcher tests need MPICH's Hydra
+nvshmem4py; W is the number of visible GPUs (CUDA_VISIBLE_DEVICES narrows
+it). The launcher tests need MPICH's Hydra
 ``mpiexec`` (the ``mpich`` wheel) on PATH or in NVSHMEM_TOPK_MPIEXEC, and
 mpi4py for bootstrap="mpi"."""
 
@@ -19,7 +19,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA GPUs"),
     pytest.mark.skipif(importlib.util.find_spec("nvshmem") is None, reason="needs nvshmem4py"),
 ]
-WORLD = min(2, torch.cuda.device_count()) if torch.cuda.is_available() else 0
+WORLD = torch.cuda.device_count() if torch.cuda.is_available() else 0
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
@@ -68,7 +68,8 @@ def test_compiled_merge_exact_on_gpus():
 def test_a_skipped_merge_raises_on_the_peer():
     results = _run("timeout", "push", timeout_s=120)
     assert "rank 1 skipped a merge" in results[1].output, results[1].output
-    assert results[0].returncode == 0 and "rank 0 raised after" in results[0].output, results[0].output
+    for r in results[:1] + results[2:]:
+        assert r.returncode == 0 and f"rank {r.rank} raised after" in r.output, r.output
 
 
 MPIEXEC = os.environ.get("NVSHMEM_TOPK_MPIEXEC") or shutil.which("mpiexec")
