@@ -18,10 +18,16 @@ def ord16(bits):
 
 @triton.jit
 def score_bits(ptr, mask):
-    """bf16 bits of the scores at ``ptr``: bf16 as they are; fp32 rounded to
-    nearest even on the bits (torch's rule, written out so that every backend,
-    the interpreter included, rounds alike; NaN stays NaN)."""
-    x = tl.load(ptr, mask=mask, other=0.0)
+    """bf16 bits of the scores at ``ptr`` (0 where not ``mask``)."""
+    return bf16_bits(tl.load(ptr, mask=mask, other=0.0))
+
+
+@triton.jit
+def bf16_bits(x):
+    """bf16 bits of the scores ``x`` (int32 in [0, 0xFFFF]): bf16 as they
+    are; fp32 rounded to nearest even on the bits (torch's rule, written out
+    so that every backend, the interpreter included, rounds alike; NaN stays
+    NaN)."""
     if x.dtype == tl.float32:  # compile-time: only the taken branch is built
         u = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
         rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.int32) & 0xFFFF

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from .exchange import push_row
-from .keys import is_nan_bits, ord16, radix_boundary, score_bits
+from .keys import bf16_bits, is_nan_bits, ord16, radix_boundary, score_bits
 from .sync import after_prior_kernel, dependent_launch
 
 
@@ -245,25 +245,30 @@ def _score_floor(tau):
 
 
 @triton.jit
-def _reaches(ptrs, inside, tau, floor, WHOLE: tl.constexpr):
-    """(reached, bf16 bits << 16 as int32) of the tokens at ``ptrs`` (those
-    ``inside``; all when WHOLE, so that the load is unmasked and
-    vectorised): whether each scores at least ``tau`` (NaN never), and its
-    bits as the high half of a word. bf16 is compared as a float against
-    ``floor`` (a few instructions a token); fp32 goes through its bf16
-    rounding."""
-    if ptrs.dtype.element_ty == tl.bfloat16:
-        if WHOLE:
-            x = tl.load(ptrs)
-        else:
-            x = tl.load(ptrs, mask=inside, other=float("nan"))
+def _load_tokens(ptrs, inside, WHOLE: tl.constexpr):
+    """The scores at ``ptrs``, NaN where not ``inside`` (all are when WHOLE,
+    so that the load is unmasked and vectorised)."""
+    if WHOLE:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=inside, other=float("nan"))
+    return x
+
+
+@triton.jit
+def _reaches(x, tau, floor):
+    """(reached, bf16 bits << 16 as int32) of the scores ``x``: whether each
+    scores at least ``tau`` (NaN never), and its bits as the high half of a
+    word. bf16 is compared as a float against ``floor`` (a few instructions
+    a token); fp32 goes through its bf16 rounding."""
+    if x.dtype == tl.bfloat16:
         # Widened on the bits (a bf16 is the high half of its fp32): exact for
         # subnormals too, which the interpreter's bf16 conversion is not.
         wide = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
         reached = wide.to(tl.float32, bitcast=True) >= floor
     else:
-        bits = score_bits(ptrs, inside)
-        reached = inside & ~is_nan_bits(bits) & (ord16(bits) >= tau)
+        bits = bf16_bits(x)
+        reached = ~is_nan_bits(bits) & (ord16(bits) >= tau)
         wide = bits << 16
     return reached, wide
 
@@ -277,19 +282,22 @@ def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_li
     region's candidates fall in the row's list). The block is held as
     [BLOCK / 8, 8]: each thread loads 8 tokens at once and numbers its
     candidates itself; one scan across the block's lines places them."""
-    after_prior_kernel(PDL)
     block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
     end = _row_end(row_ends_ptr, row, width_limit)
     local = block * BLOCK + tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
     ptrs = logits_ptr + row * logits_stride + local
-    tau = tl.load(scratch)
-    floor = _score_floor(tau)
+    # The logits and row ends were written before the estimate, which waited
+    # for them before this kernel could launch: the block is read while the
+    # estimate still runs, and only tau waits for it.
     if (block + 1) * BLOCK <= end:
-        candidate, wide = _reaches(ptrs, local < end, tau, floor, True)
+        x = _load_tokens(ptrs, local < end, True)
     else:
-        candidate, wide = _reaches(ptrs, local < end, tau, floor, False)
+        x = _load_tokens(ptrs, local < end, False)
+    after_prior_kernel(PDL)
+    tau = tl.load(scratch)
+    candidate, wide = _reaches(x, tau, _score_floor(tau))
     flag = candidate.to(tl.int32)
     per_line = tl.sum(flag, axis=1)
     pos = (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag

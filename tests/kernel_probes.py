@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from nvshmem_topk.kernels.keys import TIE_TILE, kth_largest, radix_boundary
-from nvshmem_topk.kernels.pack import _reaches, _score_floor, _tile_threshold
+from nvshmem_topk.kernels.pack import _load_tokens, _reaches, _score_floor, _tile_threshold
 
 
 @triton.jit
@@ -28,7 +28,7 @@ def reaches_kernel(out_ptr, x_ptr, tau_ptr, WIDTH: tl.constexpr, BLOCK: tl.const
     tau = tl.load(tau_ptr + case)
     for start in tl.range(0, WIDTH, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        reached, _ = _reaches(x_ptr + offs, offs < WIDTH, tau, _score_floor(tau), WHOLE)
+        reached, _ = _reaches(_load_tokens(x_ptr + offs, offs < WIDTH, WHOLE), tau, _score_floor(tau))
         tl.store(out_ptr + case * WIDTH + offs, reached.to(tl.int8), mask=offs < WIDTH)
 
 
