@@ -21,8 +21,6 @@ from .exchange import gather_slot, release_peers, store_to_peers
 from .pack import pack_row
 from .sync import after_prior_kernel, dependent_launch, record_timeout, wait_flags_at_least
 
-_INT64_MAX = tl.constexpr(0x7FFFFFFFFFFFFFFF)
-
 
 @triton.jit
 def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr, WORLD: tl.constexpr,
@@ -65,10 +63,11 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, ties_ptr,
         emit_selected(keys, kappa, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
                       num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank, TOPK, WORLD,
                       INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
-        # Saturated: all N words sent and the smallest >= kappa. One minimum
-        # over the N slots says both (it is 0 when any slot is empty).
-        lowest = tl.min(tl.where(slot < N, keys, _INT64_MAX), axis=1)
-        saturated = (lowest != 0) & (lowest >= kappa) & (sender < WORLD)
+        # Saturated: all N words sent and the smallest >= kappa, that is all
+        # N selected (empty slots and those past N never are): a count that
+        # the emit also makes, in place of a minimum over the same tile.
+        taken = tl.sum(((keys >= kappa) & (keys != 0)).to(tl.int32), axis=1)
+        saturated = (taken == N) & (sender < WORLD)
         mask = tl.sum(tl.where(saturated, tl.full((WORLD_P2,), 1, tl.int64) << sender, 0), axis=0)
         tl.store(sat_ptr + row, (mask << SAT_MASK_SHIFT) | kappa)
         if SLOTS > 0:
