@@ -17,7 +17,10 @@ of the one before it on the stream (PDL), so that its launch overlaps that
 kernel's run. Its first step (``after_prior_kernel``) waits until the prior
 kernel has finished and its writes are visible, and only then lets the next
 kernel launch: a kernel released before its own wait would let the whole
-chain launch at once, every CTA holding its registers while it waits.
+chain launch at once, every CTA holding its registers while it waits. So
+when a kernel starts, every kernel before its prior has finished: what they
+wrote (the caller's logits, for the pack's filter) may be read before the
+wait.
 """
 
 import os
