@@ -1,9 +1,8 @@
 """The merge across GPUs through NVSHMEM (one process per GPU, started by
 launch.run_ranks, or by a PMI launcher, with a hard timeout). Needs CUDA and
 nvshmem4py; W is the number of visible GPUs (CUDA_VISIBLE_DEVICES narrows
-it). The launcher tests need MPICH's Hydra
-``mpiexec`` (the ``mpich`` wheel) on PATH or in NVSHMEM_TOPK_MPIEXEC, and
-mpi4py for bootstrap="mpi"."""
+it). The launcher tests need MPICH's Hydra ``mpiexec`` (the ``mpich``
+wheel) on PATH or in NVSHMEM_TOPK_MPIEXEC, and mpi4py for bootstrap="mpi"."""
 
 import importlib.util
 import os
