@@ -85,6 +85,7 @@ def radix_boundary(hist, need):
 
 
 TIE_TILE = tl.constexpr(256)
+NEAR_BINS = tl.constexpr(128)  # the select's near histogram: bins of two scores
 
 
 @triton.jit
@@ -114,38 +115,41 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
     """The k-th largest of the unique non-negative int64 ``keys`` (a 2-D
     tensor; 0 = empty) whose top 16 of KEY_BITS bits are an ord16 score, or
     0 when fewer than k are non-zero. First one histogram of how far each
-    score lies below the top score (bin 255 - distance; bin 0 for 255 steps
-    or more): the top-K of bf16 scores rarely spans 255 steps, so that fixes
-    the k-th key's score. Then a radix select over the lower bits (the gid)
-    among the keys of that score; over all bits when the boundary fell in
-    bin 0. A histogram costs as much for a masked slot as for any other, so
-    when at most TIE_TILE keys share the k-th score they are first compacted
+    key's level (its score without the lowest bit) lies below the top level
+    (bin NEAR_BINS - 1 - distance; bin 0 for NEAR_BINS - 1 or more): the
+    top-K of bf16 scores rarely spans 254 steps, so that fixes the k-th
+    key's level, and a histogram's cost grows with its bins. Then a radix
+    select over the lower bits (the score's last bit and the gid) among the
+    keys of that level; over all bits when the boundary fell in bin 0. A
+    histogram costs as much for a masked slot as for any other, so when at
+    most TIE_TILE keys share the k-th level they are first compacted
     through ``tie_ptr`` (TIE_TILE int64 of scratch) and the radix runs over
     those alone."""
+    level_shift: tl.constexpr = KEY_BITS - 15
     flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
     present = flat != 0
-    score = (flat >> (KEY_BITS - 16)).to(tl.int32)
-    top = tl.max(tl.where(present, score, 0), axis=0)
-    near = 255 - tl.minimum(top - score, 255)
-    bucket, above, bucket_count = radix_boundary(tl.histogram(near, 256, mask=present), k)
-    boundary = top - 255 + bucket
-    prefix = boundary.to(tl.int64) << (KEY_BITS - 16)
+    level = (flat >> level_shift).to(tl.int32)
+    top = tl.max(tl.where(present, level, 0), axis=0)
+    near = NEAR_BINS - 1 - tl.minimum(top - level, NEAR_BINS - 1)
+    bucket, above, bucket_count = radix_boundary(tl.histogram(near, NEAR_BINS, mask=present), k)
+    boundary = top - (NEAR_BINS - 1) + bucket
+    prefix = boundary.to(tl.int64) << level_shift
     need = k - above
     if bucket < 0:  # fewer than k keys
         kth = tl.zeros((), dtype=tl.int64)
-    elif (bucket > 0) & (need == bucket_count):  # every key of the k-th score is taken
-        kth = tl.min(tl.where(present & (score == boundary), flat, 0x7FFFFFFFFFFFFFFF), axis=0)
+    elif (bucket > 0) & (need == bucket_count):  # every key of the k-th level is taken
+        kth = tl.min(tl.where(present & (level == boundary), flat, 0x7FFFFFFFFFFFFFFF), axis=0)
     elif (bucket > 0) & (bucket_count <= TIE_TILE):
-        tie = (keys != 0) & ((keys >> (KEY_BITS - 16)) == boundary)
+        tie = (keys != 0) & ((keys >> level_shift) == boundary)
         tl.store(tie_ptr + flat_positions(tie.to(tl.int32)), keys, mask=tie)
         tl.debug_barrier()  # the block's stores are seen by all its threads
         slot = tl.arange(0, TIE_TILE)
         ties = tl.load(tie_ptr + slot, mask=slot < bucket_count, other=0)
-        kth = _gid_select(ties, ties != 0, prefix, need, tl.full((), KEY_BITS - 16, tl.int32))
+        kth = _gid_select(ties, ties != 0, prefix, need, tl.full((), level_shift, tl.int32))
     else:  # over all the keys: from the key's top bit when the boundary fell in bin 0
         far = bucket == 0  # one inlined copy of the radix serves both cases
         kth = _gid_select(flat, present, tl.where(far, 0, prefix), tl.where(far, k, need),
-                          tl.where(far, KEY_BITS, KEY_BITS - 16))
+                          tl.where(far, KEY_BITS, level_shift))
     return kth
 
 

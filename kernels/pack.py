@@ -25,8 +25,9 @@ The pack itself selects from a short candidate list, not the row:
      push, the finish then stores the row into every rank's gather buffer
      and raises its flags.
 A tile in registers (the sample, the candidates) takes its threshold from
-one histogram of each score's distance below the tile's top; the byte
-histograms run only when the boundary lies 255 or more steps down. Only the
+one histogram of each score's level (two scores a bin) below the tile's
+top level and a count of the boundary level's upper score; the byte
+histograms run only when the boundary lies 254 or more steps down. Only the
 filter reads the whole row, once; the finish reads only the candidates'
 words, not the logits."""
 
@@ -127,14 +128,20 @@ def _threshold(high_bucket, above_high, low, need):
 def _tile_threshold(score, valid, need):
     """(threshold ord16, ties of it taken) of the ``need`` largest valid
     scores of one tile held in registers. One histogram of how far each
-    score lies below the tile's top (bin 255 - distance, bin 0 for 255 steps
-    or more): a top-N of bf16 scores rarely spans 255 steps. Only when the
-    boundary falls in bin 0 do the two byte histograms run."""
-    top = tl.max(tl.where(valid, score, 0), axis=0)
-    near = 255 - tl.minimum(tl.maximum(top - score, 0), 255)
-    bucket, above, _ = radix_boundary(tl.histogram(near, 256, mask=valid), need)
-    threshold = top - 255 + bucket
+    score's level (the score without its lowest bit, as in the select's
+    ``kth_largest``) lies below the top level (bin 127 - distance, bin 0 for
+    127 levels or more): a top-N of bf16 scores rarely spans 254 steps.
+    Then a count of the boundary level's upper score splits it. Only when
+    the boundary falls in bin 0 do the two byte histograms run."""
+    level = score >> 1
+    top = tl.max(tl.where(valid, level, 0), axis=0)
+    near = 127 - tl.minimum(tl.maximum(top - level, 0), 127)
+    bucket, above, _ = radix_boundary(tl.histogram(near, 128, mask=valid), need)
+    upper = (top - 127 + bucket) * 2 + 1
     ties_taken = need - above
+    upper_count = tl.sum((valid & (score == upper)).to(tl.int32), axis=0)
+    threshold = tl.where(ties_taken <= upper_count, upper, upper - 1)
+    ties_taken = tl.where(ties_taken <= upper_count, ties_taken, ties_taken - upper_count)
     if bucket == 0:
         high_bucket, above_high, _ = radix_boundary(_histogram(score, valid, 0, False), need)
         threshold, ties_taken = _threshold(high_bucket, above_high, _histogram(score, valid, high_bucket, True), need)

@@ -190,8 +190,8 @@ def test_filter_threshold_keeps_a_threshold_set(whole):
 @needs_triton
 def test_tile_threshold_near_the_top_and_far_from_it():
     """The estimate's and the finish's threshold (one histogram of the
-    distance below the tile's top, the byte histograms when the boundary is
-    255 or more steps down) against its definition: the need-th largest
+    level below the tile's top level and a count, the byte histograms when
+    the boundary is 254 or more steps down) against its definition: the need-th largest
     valid score and how many of its ties are taken, (0, 0) when fewer."""
     from kernel_probes import tile_threshold_kernel
 
@@ -223,10 +223,10 @@ def test_tile_threshold_near_the_top_and_far_from_it():
 
 @needs_triton
 def test_kth_largest_near_the_top_and_far_from_it():
-    """The select's k-th key (a histogram of the score's distance below the
-    top, then the gid bits; the full radix from the top bit when the
-    boundary is 255 or more steps down) against sorting: clustered and
-    spread scores, ties at the boundary score (few enough to be compacted
+    """The select's k-th key (a histogram of the score's level below the
+    top level, then the last score bit and the gid bits; the full radix
+    from the top bit when the boundary is 127 or more levels down) against
+    sorting: clustered and spread scores, keys at the boundary level (few enough to be compacted
     into the tie tile, and too many), fewer keys than k."""
     from kernel_probes import TIE_TILE, kth_largest_kernel
 
@@ -234,8 +234,8 @@ def test_kth_largest_near_the_top_and_far_from_it():
     rows, cols, gid_bits = 2, 512, 12
     cases = []
     for k in (1, 100, 700, 1024, 1025):
-        # clustered, spread, about 230 and 300 keys a score (TIE_TILE is 256), one score
-        for low, span in ((0xC000, 60), (0x7F, 0xFF01), (0xC000, 4), (0xC000, 3), (0xBF80, 1)):
+        # clustered, spread, about 230 keys a level of two scores (TIE_TILE is 256) and 300 a score, one score
+        for low, span in ((0xC000, 60), (0x7F, 0xFF01), (0xC000, 8), (0xC000, 3), (0xBF80, 1)):
             score = low + torch.randint(0, span, (rows * cols,), generator=gen)
             gid = torch.randperm(1 << gid_bits, generator=gen)[: rows * cols]
             key = (score.long() << gid_bits) | ((1 << gid_bits) - 1 - gid.long())
