@@ -7,9 +7,9 @@ compaction that writes the kept tokens by ascending local id, ties at the
 threshold lowest id first. A saturated rank also builds its pushed list so.
 
 The pack itself selects from a short candidate list, not the row:
-  1. estimate (a program per row): over an evenly spread sample of the row,
-     a score ``tau`` that, by the sample, comfortably more than N tokens
-     reach;
+  1. estimate (a program per row): over groups of 8 adjacent tokens spread
+     evenly over the row (a 16-byte load each), a score ``tau`` that, by
+     the groups' top scores, comfortably more than N tokens reach;
   2. filter (a program per block of the row): tokens >= tau are candidates
      (bf16 compared as floats, 16-byte loads); each block writes their
      words (bf16 bits and low id bits), in order, to its own region of the
@@ -24,7 +24,7 @@ The pack itself selects from a short candidate list, not the row:
      tau decides how much work is done, never what is written. In a merge by
      push, the finish then stores the row into every rank's gather buffer
      and raises its flags.
-A tile in registers (the sample, the candidates) takes its threshold from
+A tile in registers (the groups' tops, the candidates) takes its threshold from
 one histogram of each score's level (two scores a bin) below the tile's
 top level and a count of the boundary level's upper score; the byte
 histograms run only when the boundary lies 254 or more steps down. Only the
@@ -222,22 +222,43 @@ def _row_end(row_ends_ptr, row, width_limit):
 
 @triton.jit
 def estimate_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
-                    N: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr):
+                    N: tl.constexpr, GROUPS: tl.constexpr, TOPS: tl.constexpr, PDL: tl.constexpr):
+    """tau of a row from GROUPS groups of 8 adjacent tokens (a thread loads
+    a group at once), evenly spread over the row, or every group when that
+    is the whole row: from the groups' top scores (TOPS), or from all their
+    tokens (where N is so large a share of the row that most groups hold one
+    of the top-N)."""
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     end = _row_end(row_ends_ptr, row, width_limit)
-    stride = tl.maximum(tl.cdiv(end, SAMPLE), 1)
-    i = tl.arange(0, SAMPLE)
-    pos = i * stride + i % stride  # one token from each stretch of ``stride``
-    inside = pos < end
-    score, valid = _scores(logits_ptr + row * logits_stride, pos, inside)
-    # The top-N should put ``expected`` tokens in the sample; asking for five
-    # (Poisson) standard deviations more keeps rows whose sample promised too
-    # much, and so fall back to the whole-row walk, rare. When the sample is
-    # the row, ask for N: tau is then exact.
-    expected = N * tl.sum(inside.to(tl.float32), axis=0) / tl.maximum(end, 1).to(tl.float32)
-    need = tl.where(stride == 1, N, tl.ceil(expected + 5.0 * tl.sqrt(expected)).to(tl.int32) + 4)
-    tau, _ = _tile_threshold(score, valid, need)
+    in_row = logits_ptr + row * logits_stride
+    group = tl.arange(0, GROUPS).to(tl.int64)
+    token = tl.arange(0, 8)[None, :]
+    sampled = end > 8 * GROUPS
+    if sampled:  # whole groups at 8-token boundaries: 16-byte loads, none past the end
+        x = tl.load(in_row + ((group * end) // GROUPS // 8 * 8)[:, None] + token)
+    else:
+        local = group[:, None] * 8 + token
+        x = _load_tokens(in_row + local, local < end, False)
+    bits = bf16_bits(x)
+    score = tl.where(is_nan_bits(bits), 0, ord16(bits))  # 0: no valid token
+    # Over the whole row, the N-th largest value leaves at least N tokens at
+    # or above it. Sampled, the row's top-N puts about ``expected`` values
+    # in the sample (a group's top reaches the N-th score with probability
+    # 1 - (1 - N / end)^8); asking for five (Poisson) standard deviations
+    # more keeps rows whose sample promised too much, and so fall back to
+    # the whole-row walk, rare.
+    share = tl.minimum(N / tl.maximum(end, 1).to(tl.float32), 1.0)
+    if TOPS:
+        values = tl.max(score, axis=1)
+        miss = (1.0 - share) * (1.0 - share)
+        miss = miss * miss
+        expected = GROUPS * (1.0 - miss * miss)
+    else:
+        values = tl.reshape(score, (GROUPS * 8,), can_reorder=True)
+        expected = GROUPS * 8 * share
+    need = tl.where(sampled, tl.ceil(expected + 5.0 * tl.sqrt(expected)).to(tl.int32) + 4, N)
+    tau, _ = _tile_threshold(values, values != 0, need)
     tl.store(scratch_ptr + row * scratch_stride, tau)
 
 
@@ -350,7 +371,8 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride,
         push_row(out_row, row, epoch, gather_ptrs, flag_ptrs, max_rows, rank, words, WORLD, 1024)
 
 
-SAMPLE = 2048
+MAX_GROUPS = 2048  # group tops ranked: a histogram of at most 2048 values
+MAX_TOKEN_GROUPS = 512  # tokens ranked: at most 4096
 ESTIMATE_WARPS = 8
 FILTER_BLOCK = 4096  # a power of two up to 2^16: the finish rebuilds ids from a candidate's block
 FILTER_WARPS = 4
@@ -359,36 +381,44 @@ ROW_BLOCK = 4096
 MAX_TILE = 4096
 
 
-def candidate_plan(local_topk: int, width: int) -> tuple[int, int, int]:
-    """(sample, tile, room) for rows of ``width``: the tokens the estimate
-    samples, the candidates the finish holds in registers at once (both
-    powers of two), and how many a row may have before it falls back to the
-    whole-row walk (between tile and room the finish walks them tile by
-    tile). The finish's time follows its tile, so the tile is the smallest
-    that holds a row's candidates with four standard deviations to spare:
-    the sample's ``need``-th score (``estimate_kernel``) leaves about
-    C = need * width / sample tokens, give or take C / sqrt(need). The
-    estimate's time follows its sample, so 2 * SAMPLE only where it halves
-    the tile (N = 384 of 131072: 4096 tokens and a tile of 2048). A row no
-    longer than the sample is sampled whole (tau is then exact, and the
-    candidates are its top-N and their ties). Tiles are at least 256 (a
-    token per thread) and at most MAX_TILE (registers)."""
+def candidate_plan(local_topk: int, width: int) -> tuple[int, bool, int, int]:
+    """(groups, tops, tile, room) for rows of ``width``: the groups of 8
+    tokens the estimate reads and whether it ranks their top scores or all
+    their tokens, the candidates the finish holds in registers at once, and
+    how many a row may have before it falls back to the whole-row walk
+    (between tile and room the finish walks them tile by tile). The
+    finish's time follows its tile and the estimate's its histogram, so the
+    plan is the smallest tile that holds a row's candidates with four
+    standard deviations to spare, then the fewest values ranked.
+    Sampled, tau is the need-th largest value (``estimate_kernel``); about
+    need + 4 sqrt(need) of the values reach it at most, so a share f of the
+    groups' tops means a share 1 - (1 - f)^(1/8) of the tokens, and of all
+    their tokens, f of them. Read whole, tau is the N-th largest value: of
+    group tops, a group seldom holds a second token that high. Tiles are at
+    least 256 (a token per thread) and at most MAX_TILE (registers)."""
     best = None
-    for sample in (SAMPLE, 2 * SAMPLE):
-        if sample >= width:
-            sample = triton.next_power_of_2(max(width, 1))
-            tile = triton.next_power_of_2(max(min(width, 2 * local_topk), 256))
-        else:
-            expected = local_topk * sample / width
-            need = math.ceil(expected + 5 * math.sqrt(expected)) + 4
-            candidates = need * width / sample
-            tile = triton.next_power_of_2(max(math.ceil(candidates * (1 + 4 / math.sqrt(need))), 256))
-        if best is None or tile < best[1]:
-            best = sample, tile
-        if sample >= width:
-            break
-    tile = min(best[1], MAX_TILE)
-    return best[0], tile, 2 * tile
+    for tops in (True, False):
+        groups = 256
+        while groups <= (MAX_GROUPS if tops else MAX_TOKEN_GROUPS):
+            values = groups if tops else 8 * groups
+            if 8 * groups >= width:  # the row, whole
+                reached = min(local_topk * 8 / max(width, 1), 1.0) if tops else local_topk / max(width, 1)
+                candidates = 2 * width * ((1 - (1 - reached) ** 0.125) if tops else min(reached, 1.0))
+                candidates = min(candidates, width)
+            else:
+                share = local_topk / width
+                expected = values * ((1 - (1 - share) ** 8) if tops else share)
+                need = math.ceil(expected + 5 * math.sqrt(expected)) + 4
+                reached = min((need + 4 * math.sqrt(need)) / values, 1.0)
+                candidates = width * ((1 - (1 - reached) ** 0.125) if tops else reached)
+            tile = triton.next_power_of_2(max(math.ceil(candidates), 256))
+            if best is None or (tile, values) < (best[2], best[3]):
+                best = groups, tops, tile, values
+            if 8 * groups >= width:
+                break
+            groups *= 2
+    tile = min(best[2], MAX_TILE)
+    return best[0], best[1], tile, 2 * tile
 
 
 def _warps(least: int, tile: int) -> int:
@@ -397,6 +427,11 @@ def _warps(least: int, tile: int) -> int:
     tile of 4096 ran about 1 us faster with 16 warps than with 8 in the
     constants sweep of commit 80a3d99, and does not spill)."""
     return max(least, tile // 256)
+
+
+def _estimate_warps(groups: int) -> int:
+    """Warps of the estimate: a thread loads at most 4 groups."""
+    return max(ESTIMATE_WARPS, groups // 128)
 
 
 def _planes(out, local_topk: int) -> int:
@@ -414,12 +449,12 @@ def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, push=Non
         return
     limit = min(width, max_local_len)
     blocks = max(1, triton.cdiv(limit, FILTER_BLOCK))
-    sample, tile, room = candidate_plan(local_topk, limit)
+    groups, tops, tile, room = candidate_plan(local_topk, limit)
     scratch = torch.empty((rows, 1 + blocks + blocks * FILTER_BLOCK), dtype=torch.int32, device=out.device)
     args = (logits, row_ends, logits.stride(0), limit, scratch.stride(0))
     pdl = dependent_launch(out.device)
-    estimate_kernel[(rows,)](scratch, *args, N=local_topk, SAMPLE=sample,
-                             num_warps=_warps(ESTIMATE_WARPS, sample), **pdl)
+    estimate_kernel[(rows,)](scratch, *args, N=local_topk, GROUPS=groups, TOPS=tops,
+                             num_warps=_estimate_warps(groups), **pdl)
     filter_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS,
                                   **pdl)
     epochs, gather_ptrs, flag_ptrs, max_rows, rank, world_size = push or (row_ends, row_ends, row_ends, 0, 0, 0)

@@ -10,8 +10,9 @@ included). Prints a table and writes JSON.
     python scripts/bench_kernels.py --out results.json [--rows 64 --widths 131072]
 
 Bytes (for reading the pack numbers): one pass over bf16 logits reads
-2*T*S bytes; the pack makes one such pass (the filter), plus a sample of
-2048 or 4096 tokens per row and the candidates (about 2N to 4N per row).
+2*T*S bytes; the pack makes one such pass (the filter), plus the estimate's
+256 to 2048 groups of 8 tokens per row (a 32-byte sector each) and the
+candidates (about 2N to 4N per row).
 Per-kernel times come from a graph launched without PDL (each kernel's
 own time); the timed graphs use it, as the library does by default.
 

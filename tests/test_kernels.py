@@ -108,10 +108,9 @@ def test_pack_candidates_and_whole_row_walk_match_reference(monkeypatch, tile, r
     from nvshmem_topk.kernels import pack
 
     monkeypatch.setattr(pack, "FILTER_BLOCK", 1024)
-    monkeypatch.setattr(pack, "SAMPLE", 512)
     plan = pack.candidate_plan
     if tile is not None:
-        monkeypatch.setattr(pack, "candidate_plan", lambda local_topk, width: (plan(local_topk, width)[0], tile, room))
+        monkeypatch.setattr(pack, "candidate_plan", lambda local_topk, width: (*plan(local_topk, width)[:2], tile, room))
     device = "cuda" if not interpreted else "cpu"
     cases = [c for c in families(1, seed=6, rows=2, width=4500, topk=256) if c[0] != "inf_and_signed_zero"]
     ascending = torch.linspace(-3, 3, 4500).bfloat16().expand(1, 2, 4500).contiguous()
@@ -268,29 +267,37 @@ def test_kernel_constants_mirror_the_layout():
 
 @needs_triton
 def test_candidate_plan_keeps_the_tile_small_with_room_to_spare():
-    """The estimate's sample and the finish's tile: the smallest tile that
+    """The estimate's groups and the finish's tile: the smallest tile that
     holds a row's expected candidates with four standard deviations to
-    spare, a larger sample only where it halves the tile, whole short rows,
-    and tiles between 256 and MAX_TILE."""
+    spare, more groups only where they make it smaller, all the groups'
+    tokens ranked only where N is a large share of the row, whole short
+    rows, and tiles between 256 and MAX_TILE."""
     from nvshmem_topk.kernels import pack
 
-    assert pack.candidate_plan(384, 16384) == (2048, 1024, 2048)
-    assert pack.candidate_plan(384, 65536) == (2048, 2048, 4096)
-    assert pack.candidate_plan(384, 131072) == (4096, 2048, 4096)
-    assert pack.candidate_plan(1536, 65536) == (2048, 4096, 8192)
-    assert pack.candidate_plan(1536, 131072) == (4096, 4096, 8192)
-    assert pack.candidate_plan(384, 1000) == (1024, 1024, 2048)
-    assert pack.candidate_plan(32, 4500) == (2048, 256, 512)
-    assert pack.candidate_plan(2048, 131072)[1] == pack.MAX_TILE
+    assert pack.candidate_plan(384, 16384) == (512, True, 1024, 2048)
+    assert pack.candidate_plan(384, 65536) == (2048, True, 1024, 2048)
+    assert pack.candidate_plan(384, 131072) == (2048, True, 1024, 2048)
+    assert pack.candidate_plan(1536, 65536) == (512, True, 4096, 8192)
+    assert pack.candidate_plan(1536, 131072) == (1024, True, 4096, 8192)
+    assert pack.candidate_plan(3072, 16384) == (256, False, 4096, 8192)
+    assert pack.candidate_plan(384, 1000) == (256, True, 1024, 2048)
+    assert pack.candidate_plan(32, 4500) == (256, True, 256, 512)
+    assert pack.candidate_plan(2048, 131072)[2] == pack.MAX_TILE
     gen = torch.Generator().manual_seed(7)
-    for n, width in ((384, 16384), (384, 131072), (1536, 65536)):  # the margin holds on normal scores
-        sample, tile, _ = pack.candidate_plan(n, width)
-        expected = n * sample / width
+    # The margin holds on normal scores (in the room when MAX_TILE capped the tile).
+    for n, width in ((384, 16384), (384, 131072), (1536, 65536), (3072, 16384)):
+        groups, tops, tile, room = pack.candidate_plan(n, width)
+        start = (torch.arange(groups) * width) // groups // 8 * 8
+        rows = torch.randn(64, width, generator=gen).bfloat16().float()
+        values = rows[:, start[:, None] + torch.arange(8)]
+        values = values.amax(dim=2) if tops else values.flatten(1)
+        share = n / width
+        expected = values.shape[1] * ((1 - (1 - share) ** 8) if tops else share)
         need = math.ceil(expected + 5 * math.sqrt(expected)) + 4
-        rows = torch.randn(64, width, generator=gen)
-        tau = rows[:, :: width // sample].topk(need, dim=1).values[:, -1:]
+        tau = values.topk(need, dim=1).values[:, -1:]
         counts = (rows >= tau).sum(dim=1)
-        assert n <= int(counts.min()) and int(counts.max()) <= tile, (n, width, counts.min(), counts.max())
+        held = tile if tile < pack.MAX_TILE else room
+        assert n <= int(counts.min()) and int(counts.max()) <= held, (n, width, counts.min(), counts.max())
 
 
 @needs_triton
