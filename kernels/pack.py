@@ -381,6 +381,12 @@ ROW_BLOCK = 4096
 MAX_TILE = 4096
 
 
+def _token_share(reached: float, tops: bool) -> float:
+    """The share of a row's tokens at or above a score that a share
+    ``reached`` of the estimate's values (group tops, or tokens) reach."""
+    return 1 - (1 - reached) ** 0.125 if tops else reached
+
+
 def candidate_plan(local_topk: int, width: int) -> tuple[int, bool, int, int]:
     """(groups, tops, tile, room) for rows of ``width``: the groups of 8
     tokens the estimate reads and whether it ranks their top scores or all
@@ -396,25 +402,23 @@ def candidate_plan(local_topk: int, width: int) -> tuple[int, bool, int, int]:
     their tokens, f of them. Read whole, tau is the N-th largest value: of
     group tops, a group seldom holds a second token that high. Tiles are at
     least 256 (a token per thread) and at most MAX_TILE (registers)."""
+    share = min(local_topk / max(width, 1), 1.0)
     best = None
     for tops in (True, False):
         groups = 256
         while groups <= (MAX_GROUPS if tops else MAX_TOKEN_GROUPS):
             values = groups if tops else 8 * groups
-            if 8 * groups >= width:  # the row, whole
-                reached = min(local_topk * 8 / max(width, 1), 1.0) if tops else local_topk / max(width, 1)
-                candidates = 2 * width * ((1 - (1 - reached) ** 0.125) if tops else min(reached, 1.0))
-                candidates = min(candidates, width)
+            whole = 8 * groups >= width
+            if whole:
+                candidates = min(2 * width * _token_share(min(8 * share, 1.0) if tops else share, tops), width)
             else:
-                share = local_topk / width
                 expected = values * ((1 - (1 - share) ** 8) if tops else share)
                 need = math.ceil(expected + 5 * math.sqrt(expected)) + 4
-                reached = min((need + 4 * math.sqrt(need)) / values, 1.0)
-                candidates = width * ((1 - (1 - reached) ** 0.125) if tops else reached)
+                candidates = width * _token_share(min((need + 4 * math.sqrt(need)) / values, 1.0), tops)
             tile = triton.next_power_of_2(max(math.ceil(candidates), 256))
             if best is None or (tile, values) < (best[2], best[3]):
                 best = groups, tops, tile, values
-            if 8 * groups >= width:
+            if whole:
                 break
             groups *= 2
     tile = min(best[2], MAX_TILE)
