@@ -78,10 +78,12 @@ def compile_one(kernel, signature, constexprs, num_warps, extern_libs=None) -> d
     start = time.perf_counter()
     options = {"num_warps": num_warps} | ({"extern_libs": tuple(extern_libs.items())} if extern_libs else {})
     constexprs = dict(constexprs, PDL=True)  # as launched on a GPU (kernels/sync.py: dependent_launch)
-    # As a launch specialises them for torch's tensors: pointers and row
-    # strides divisible by 16, which lets the loads of 8 bf16 be vectorised.
+    # As a launch specialises them for torch's tensors of serving widths:
+    # pointers (allocations are 256-byte aligned) and the logits' and
+    # scratch's row strides divisible by 16, which lets the loads of 8 bf16
+    # be vectorised.
     aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())
-               if kind.startswith("*") or name.endswith("_stride")}
+               if kind.startswith("*") or name in ("logits_stride", "scratch_stride")}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
                               target=HOPPER, options=options)
     seconds = time.perf_counter() - start
