@@ -86,20 +86,25 @@ def radix_boundary(hist, need):
 
 TIE_TILE = tl.constexpr(256)
 NEAR_BINS = tl.constexpr(128)  # the select's near histogram: bins of two scores
+# The tie tile's radix runs in 7-bit digits, not 8 (the score's last bit and a
+# 17-bit gid: passes of 7, 7 and 4 bits): a histogram's cost grows with its
+# bins (H200, select at T = 64: 0.7 to 0.9 us faster at W = 2 and 16, 0.1 at 8).
+TIE_DIGIT = tl.constexpr(7)
+TIE_BINS = tl.constexpr(128)
 
 
 @triton.jit
-def _gid_select(flat, present, prefix, need, fixed):
+def _gid_select(flat, present, prefix, need, fixed, DIGIT: tl.constexpr, BINS: tl.constexpr):
     """The ``need``-th largest of the non-zero ``flat`` keys (1-D) whose
-    bits >= ``fixed`` equal ``prefix``'s: a radix select, 8 bits per pass,
-    that stops once every key left in the chosen bucket is taken (the k-th
-    is then the smallest of them)."""
+    bits >= ``fixed`` equal ``prefix``'s: a radix select, DIGIT bits a pass
+    (a histogram of BINS = 2^DIGIT), that stops once every key left in the
+    chosen bucket is taken (the k-th is then the smallest of them)."""
     smallest_taken = tl.zeros((), dtype=tl.int64)
     while fixed > 0:
-        shift = tl.maximum(fixed - 8, 0)
+        shift = tl.maximum(fixed - DIGIT, 0)
         match = present & ((flat >> fixed) == (prefix >> fixed))
         digit = ((flat >> shift) & ((tl.full((), 1, tl.int64) << (fixed - shift)) - 1)).to(tl.int32)
-        chosen, above, bucket_count = radix_boundary(tl.histogram(digit, 256, mask=match), need)
+        chosen, above, bucket_count = radix_boundary(tl.histogram(digit, BINS, mask=match), need)
         need -= above
         prefix |= chosen.to(tl.int64) << shift
         fixed = shift
@@ -145,11 +150,12 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
         tl.debug_barrier()  # the block's stores are seen by all its threads
         slot = tl.arange(0, TIE_TILE)
         ties = tl.load(tie_ptr + slot, mask=slot < bucket_count, other=0)
-        kth = _gid_select(ties, ties != 0, prefix, need, tl.full((), level_shift, tl.int32))
+        kth = _gid_select(ties, ties != 0, prefix, need, tl.full((), level_shift, tl.int32), TIE_DIGIT,
+                          TIE_BINS)
     else:  # over all the keys: from the key's top bit when the boundary fell in bin 0
         far = bucket == 0  # one inlined copy of the radix serves both cases
         kth = _gid_select(flat, present, tl.where(far, 0, prefix), tl.where(far, k, need),
-                          tl.where(far, KEY_BITS, level_shift))
+                          tl.where(far, KEY_BITS, level_shift), 8, 256)
     return kth
 
 
