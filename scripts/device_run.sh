@@ -9,9 +9,9 @@
 #            the launcher tests run when MPICH's mpiexec is there
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
 #   launch   the demo started by MPICH's mpiexec (Hydra, PMI-1): NVSHMEM's PMI bootstrap, then over mpi4py
-#   branches the kernel benchmark (BENCH_ARGS, default T 8 and 64, S 16384 and 131072) and a short merge
-#            benchmark of this checkout and of each branch staged by scripts/stage_branches.sh (carry .branches;
-#            not in the default run)
+#   branches the kernel benchmark (BENCH_ARGS, default T 8 and 64, S 16384 and 131072), the select alone at
+#            W = 2 to 16 (scripts/bench_select.py) and a short merge benchmark of this checkout and of each
+#            branch staged by scripts/stage_branches.sh (carry .branches; not in the default run)
 #   sweep    the kernels' launch constants on one GPU (scripts/sweep_constants.py; not in the default run)
 #   profile  Nsight Compute over one simulated merge (scripts/profile_kernels.py; not in the default run),
 #            with each kernel's SASS instruction counts and stall samples (scripts/sass_summary.py)
@@ -73,6 +73,7 @@ for step in $STEPS; do
         echo "## $name"
         PYTHONPATH=$path timeout "${BENCH_TIMEOUT:-240}" python3 scripts/bench_kernels.py \
           --out "/tmp/branches/$name.json" ${BENCH_ARGS:---rows 8 64 --widths 16384 131072}
+        PYTHONPATH=$path timeout 150 python3 scripts/bench_select.py
         [ "$GPUS" -ge 2 ] && PYTHONPATH=$path timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node "$GPUS" \
           scripts/bench_merge.py --rows 1 64 --widths 16384 65536 --iters 100 --out "/tmp/branches/${name}_merge.json"
       done 2>&1 | grep -v -i warn | tee "$OUT/branches.log"
