@@ -66,6 +66,7 @@ def main() -> None:
         ends = torch.full((world, rows), width, dtype=torch.int32, device=dev)
         merge = SimulatedMerge(logits, ends, k, "triton")
         merge()
+        merge()  # both gather buffers (by epoch parity) hold the rows: the select below reads the other one
         for ws in merge.workspaces:  # flags far ahead: the select's waits pass at once
             ws.flags.local.fill_(1 << 30)
         ws, out = merge.workspaces[0], merge.outputs[0]
