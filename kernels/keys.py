@@ -90,7 +90,7 @@ NEAR_BINS = tl.constexpr(128)  # the select's near histogram: bins of two scores
 # 17-bit gid: passes of 7, 7 and 4 bits): a histogram's cost grows with its
 # bins (H200, select at T = 64: 0.7 to 0.9 us faster at W = 2 and 16, 0.1 at 8).
 TIE_DIGIT = tl.constexpr(7)
-TIE_BINS = tl.constexpr(128)
+TIE_BINS = tl.constexpr(1 << TIE_DIGIT.value)
 
 
 @triton.jit

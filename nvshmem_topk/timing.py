@@ -7,7 +7,7 @@ from unittest import mock
 
 import torch
 
-from ._backends import Outputs
+from ._backends import Outputs, backend
 from .api import _run_merge, init_dcp_topk_merge
 from .groups.simulated import SimulatedGroup
 
@@ -31,6 +31,21 @@ class SimulatedMerge:
 
     def __call__(self) -> None:
         _run_merge(self.workspaces, *self._inputs, self.outputs, self._rows)
+
+    def select_alone(self):
+        """Rank 0's select alone, as a callable that re-runs it on one epoch
+        (its ids land in ``ids[0]``). Two merges first: the select reads the
+        gather buffer of the epoch after the last merge's, and buffers go by
+        epoch parity, so after one merge it would read rows no merge wrote.
+        Then every flag far ahead, so that no wait holds (the select never
+        advances the epoch)."""
+        self()
+        self()
+        for ws in self.workspaces:
+            ws.flags.local.fill_(1 << 30)
+        ws, out = self.workspaces[0], self.outputs[0]
+        logits, row_ends = self._inputs[0][0], self._inputs[1][0]
+        return lambda: backend(ws.impl).select(ws, logits, row_ends, self._rows, out)
 
     def destroy(self) -> None:
         self.group.destroy()

@@ -30,7 +30,7 @@ import torch
 import triton.testing
 
 import nvshmem_topk as nt
-from nvshmem_topk import _backends, reference
+from nvshmem_topk import reference
 from nvshmem_topk.baseline import generic_merge_compute
 from nvshmem_topk.format import default_local_topk, packed_row_words
 from nvshmem_topk.timing import SimulatedMerge, graphed, kernel_times, without_pdl
@@ -109,13 +109,7 @@ def main() -> None:
             exact = bool(torch.equal(run.ids, expected))
             with without_pdl():  # each kernel's own time, per rank
                 kernels = {name: us / world for name, us in kernel_times(graphed(run).replay).items()}
-            # The select alone, re-run on one epoch: flags far ahead let its
-            # waits pass at once (the select never advances the epoch).
-            for ws in run.workspaces:
-                ws.flags.local.fill_(1 << 30)
-            ws, out = run.workspaces[0], run.outputs[0]
-            select = lambda: _backends.TritonBackend.select(ws, logits[0], ends[0], rows, out)
-            t_select = bench(graphed(select, CALLS).replay, CALLS)
+            t_select = bench(graphed(run.select_alone(), CALLS).replay, CALLS)
             results["merge"].append(dict(W=world, T=rows, S=width, N=n, merge_eager_us=t_merge,
                                          merge_graph_us=t_graph, generic_us=t_generic,
                                          generic_rank_by_rank_us=t_by_rank, select_us=t_select, exact=exact,

@@ -1,7 +1,6 @@
-"""The select alone on one GPU, at several group sizes: a simulated group of W
-ranks merges twice (so both gather buffers, by epoch parity, hold the same
-round-1 rows), its flags are then set far ahead so that no wait holds, and
-rank 0's select is timed from a CUDA graph of CALLS calls (medians of
+"""The select alone on one GPU, at several group sizes: rank 0's select of a
+simulated group of W ranks (SimulatedMerge.select_alone: no wait holds) is
+timed from a CUDA graph of CALLS calls (medians of
 triton.testing.do_bench, which empties L2 before every replay; the best of
 three medians). Each timed select's own ids are checked against the
 reference merge.
@@ -18,7 +17,6 @@ import torch
 import triton.testing
 
 import nvshmem_topk as nt
-from nvshmem_topk import _backends
 from nvshmem_topk.format import default_local_topk
 from nvshmem_topk.timing import SimulatedMerge, graphed
 
@@ -39,17 +37,13 @@ def main() -> None:
         logits = torch.randn(world, rows, width, device=dev, generator=gen).bfloat16()
         ends = torch.full((world, rows), width, dtype=torch.int32, device=dev)
         merge = SimulatedMerge(logits, ends, k, "triton")
-        merge()
-        merge()
+        select = merge.select_alone()
         expected = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference")
-        for ws in merge.workspaces:
-            ws.flags.local.fill_(1 << 30)
-        ws, out = merge.workspaces[0], merge.outputs[0]
-        out.ids.fill_(-2)
-        graph = graphed(lambda: _backends.TritonBackend.select(ws, logits[0], ends[0], rows, out), CALLS)
+        merge.ids.fill_(-2)
+        graph = graphed(select, CALLS)
         us = min(triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median") * 1e3 / CALLS
                  for _ in range(3))
-        exact = bool(torch.equal(out.ids, expected[0]))
+        exact = bool(torch.equal(merge.ids[0], expected[0]))
         print(f"W={world:<3} T={rows:<4} N={default_local_topk(k, world):<5} select {us:6.2f}  exact={exact}",
               flush=True)
         merge.destroy()

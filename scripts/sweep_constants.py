@@ -16,7 +16,7 @@ import json
 import torch
 import triton.testing
 
-from nvshmem_topk import _backends, reference
+from nvshmem_topk import reference
 from nvshmem_topk.format import default_local_topk, packed_row_words
 from nvshmem_topk.kernels import pack as P
 from nvshmem_topk.kernels import select as S
@@ -65,15 +65,11 @@ def main() -> None:
         logits = torch.randn(world, rows, width, device=dev, generator=gen).bfloat16()
         ends = torch.full((world, rows), width, dtype=torch.int32, device=dev)
         merge = SimulatedMerge(logits, ends, k, "triton")
-        merge()
-        merge()  # both gather buffers (by epoch parity) hold the rows: the select below reads the other one
-        for ws in merge.workspaces:  # flags far ahead: the select's waits pass at once
-            ws.flags.local.fill_(1 << 30)
-        ws, out = merge.workspaces[0], merge.outputs[0]
+        select = merge.select_alone()
         line = f"select W={world} T={rows} N={n}"
         for warps in (4, 8, 16):
             S.SELECT_WARPS = warps
-            us = per_call_us(lambda: _backends.TritonBackend.select(ws, logits[0], ends[0], rows, out))
+            us = per_call_us(select)
             results["select"].append(dict(W=world, T=rows, N=n, select_warps=warps, us=us))
             line += f" | w{warps}={us:.1f}"
         S.SELECT_WARPS = default_warps

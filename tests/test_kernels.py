@@ -398,3 +398,25 @@ def test_gpu_serving_shapes_match_reference_and_oracle(world_size, rows, width, 
     n = -(-(3 * topk // (2 * world_size)) // 32) * 32
     got = _same_at_every_stage(logits.cuda(), ends.cuda(), topk=topk, local_topk=n)
     assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, topk))
+
+
+@needs_triton
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_select_alone_reads_the_rows_of_the_merge(impl):
+    """SimulatedMerge.select_alone (what the benchmarks time) selects over
+    the merged rows, not over a gather buffer no merge wrote."""
+    import nvshmem_topk as nt
+    from nvshmem_topk.timing import SimulatedMerge
+
+    device = "cuda" if not interpreted else "cpu"
+    logits = torch.randn(3, 2, 300, generator=torch.Generator().manual_seed(4)).bfloat16()
+    ends = torch.full((3, 2), 300, dtype=torch.int32)
+    merge = SimulatedMerge(logits.to(device), ends.to(device), 64, impl)
+    try:
+        select = merge.select_alone()
+        merge.ids.fill_(-2)
+        select()
+        assert torch.equal(merge.ids[0].cpu(), nt.simulate_dcp_topk_merge(logits, ends, topk=64,
+                                                                          impl="reference")[0])
+    finally:
+        merge.destroy()
