@@ -170,10 +170,11 @@ def fill_tail(row_ptr, count, TOPK: tl.constexpr):
 @triton.jit
 def flat_positions(flags):
     """Exclusive row-major prefix count of a 2-D 0/1 int32 tensor: the slot
-    each set element takes when they are compacted in candidate order."""
-    per_row = tl.sum(flags, axis=1)
-    row_start = tl.cumsum(per_row, axis=0) - per_row
-    return row_start[:, None] + tl.cumsum(flags, axis=1) - flags
+    each set element takes when they are compacted in candidate order. One
+    scan of the flattened tile: row sums, a scan over them and a scan along
+    the rows each cross the warps (three block-wide steps, not one)."""
+    flat = tl.reshape(flags, (flags.shape[0] * flags.shape[1],))
+    return tl.reshape(tl.cumsum(flat, axis=0), (flags.shape[0], flags.shape[1])) - flags
 
 
 @triton.jit
