@@ -117,19 +117,20 @@ def _gid_select(flat, present, prefix, need, fixed, DIGIT: tl.constexpr, BINS: t
 
 @triton.jit
 def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
-    """The k-th largest of the unique non-negative int64 ``keys`` (a 2-D
-    tensor; 0 = empty) whose top 16 of KEY_BITS bits are an ord16 score, or
-    0 when fewer than k are non-zero. First one histogram of how far each
-    key's level (its score without the lowest bit) lies below the top level
-    (bin NEAR_BINS - 1 - distance; bin 0 for NEAR_BINS - 1 or more): the
-    top-K of bf16 scores rarely spans 254 steps, so that fixes the k-th
-    key's level, and a histogram's cost grows with its bins. Then a radix
-    select over the lower bits (the score's last bit and the gid) among the
-    keys of that level; over all bits when the boundary fell in bin 0. A
-    histogram costs as much for a masked slot as for any other, so when at
-    most TIE_TILE keys share the k-th level they are first compacted
-    through ``tie_ptr`` (TIE_TILE int64 of scratch) and the radix runs over
-    those alone."""
+    """(kth, selected): the k-th largest of the unique non-negative int64
+    ``keys`` (a 2-D tensor; 0 = empty) whose top 16 of KEY_BITS bits are an
+    ord16 score, or 0 when fewer than k are non-zero; and how many keys are
+    selected by it (k, or every non-zero key when fewer), which the emit would
+    otherwise count with a block-wide sum. First one histogram of how far each
+    key's level (its score without the lowest bit) lies below the top level (bin
+    NEAR_BINS - 1 - distance; bin 0 for NEAR_BINS - 1 or more): the top-K of
+    bf16 scores rarely spans 254 steps, so that fixes the k-th key's level, and
+    a histogram's cost grows with its bins. Then a radix select over the lower
+    bits (the score's last bit and the gid) among the keys of that level; over
+    all bits when the boundary fell in bin 0. A histogram costs as much for a
+    masked slot as for any other, so when at most TIE_TILE keys share the k-th
+    level they are first compacted through ``tie_ptr`` (TIE_TILE int64 of
+    scratch) and the radix runs over those alone."""
     level_shift: tl.constexpr = KEY_BITS - 15
     flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
     present = flat != 0
@@ -140,6 +141,7 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
     boundary = top - (NEAR_BINS - 1) + bucket
     prefix = boundary.to(tl.int64) << level_shift
     need = k - above
+    selected = tl.where(bucket < 0, above, k)  # no bin reaches k: above counts every key
     if bucket < 0:  # fewer than k keys
         kth = tl.zeros((), dtype=tl.int64)
     elif (bucket > 0) & (need == bucket_count):  # every key of the k-th level is taken
@@ -156,7 +158,7 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
         far = bucket == 0  # one inlined copy of the radix serves both cases
         kth = _gid_select(flat, present, tl.where(far, 0, prefix), tl.where(far, k, need),
                           tl.where(far, KEY_BITS, level_shift), 8, 256)
-    return kth
+    return kth, selected
 
 
 @triton.jit
@@ -178,14 +180,15 @@ def flat_positions(flags):
 
 
 @triton.jit
-def emit_selected(keys, kappa, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
+def emit_selected(keys, kappa, count, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
                   num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank,
                   TOPK: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr,
                   GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr,
                   SORTED: tl.constexpr):
     """Write the keys >= kappa (a 2-D [ranks, slots] tensor in candidate
-    order) as ids and/or this rank's physical rows of ``row``: compacted in
-    candidate order (or by descending key when SORTED), -1 after."""
+    order; ``count`` of them, known to the caller) as ids and/or this rank's
+    physical rows of ``row``: compacted in candidate order (or by descending
+    key when SORTED), -1 after."""
     chosen = (keys >= kappa) & (keys != 0)
     if SORTED:
         flat = tl.sort(tl.reshape(tl.where(chosen, keys, 0), (keys.shape[0] * keys.shape[1],)),
@@ -194,7 +197,6 @@ def emit_selected(keys, kappa, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table
         chosen = keys != 0
     chosen_i = chosen.to(tl.int32)
     slot = flat_positions(chosen_i)
-    count = tl.sum(tl.sum(chosen_i, axis=1), axis=0)
     gid = (1 << GID_BITS) - 1 - (keys & ((1 << GID_BITS) - 1))
     if EMIT_IDS:
         ids_row = ids_ptr + row * TOPK

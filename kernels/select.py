@@ -59,8 +59,8 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, ties_ptr,
         base = gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD)
         keys = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N), N, PLANES, WORLD,
                            INTERLEAVE, GID_BITS)
-        kappa = kth_largest(keys, TOPK, 16 + GID_BITS, ties_ptr + row * TIE_TILE)
-        emit_selected(keys, kappa, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
+        kappa, selected = kth_largest(keys, TOPK, 16 + GID_BITS, ties_ptr + row * TIE_TILE)
+        emit_selected(keys, kappa, selected, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
                       num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank, TOPK, WORLD,
                       INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
         # Saturated: all N words sent and the smallest >= kappa, that is all
@@ -165,7 +165,7 @@ def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_pt
             tl.debug_barrier()
             slot = tl.arange(0, TOPK_P2)
             keys = tl.load(selected_row + slot, mask=slot < count, other=0)
-            emit_selected(keys[None, :], 1, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr,
+            emit_selected(keys[None, :], 1, count, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr,
                           table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank,
                           TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
     if ok:

@@ -48,8 +48,11 @@ def tile_threshold_kernel(out_ptr, score_ptr, valid_ptr, need_ptr, TILE: tl.cons
 def kth_largest_kernel(out_ptr, ties_ptr, keys_ptr, k_ptr, ROWS: tl.constexpr, COLS: tl.constexpr,
                        KEY_BITS: tl.constexpr):
     """Per program: ``kth_largest`` of keys_ptr[case] ([ROWS, COLS] int64)
-    for k_ptr[case], with TIE_TILE int64 of scratch at ties_ptr[case]."""
+    for k_ptr[case], with TIE_TILE int64 of scratch at ties_ptr[case]: the
+    k-th key at out_ptr[2 * case], the count it selects at out_ptr[2 * case + 1]."""
     case = tl.program_id(0).to(tl.int64)
     offs = case * ROWS * COLS + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
-    tl.store(out_ptr + case, kth_largest(tl.load(keys_ptr + offs), tl.load(k_ptr + case), KEY_BITS,
-                                         ties_ptr + case * TIE_TILE))
+    kth, selected = kth_largest(tl.load(keys_ptr + offs), tl.load(k_ptr + case), KEY_BITS,
+                                ties_ptr + case * TIE_TILE)
+    tl.store(out_ptr + 2 * case, kth)
+    tl.store(out_ptr + 2 * case + 1, selected.to(tl.int64))

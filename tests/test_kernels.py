@@ -226,7 +226,8 @@ def test_kth_largest_near_the_top_and_far_from_it():
     top level, then the last score bit and the gid bits; the full radix
     from the top bit when the boundary is 127 or more levels down) against
     sorting: clustered and spread scores, keys at the boundary level (few enough to be compacted
-    into the tie tile, and too many), fewer keys than k."""
+    into the tie tile, and too many), fewer keys than k; and the count of
+    keys it selects (k, or every key when fewer), which the emit uses."""
     from kernel_probes import TIE_TILE, kth_largest_kernel
 
     gen = torch.Generator().manual_seed(4)
@@ -243,14 +244,14 @@ def test_kth_largest_near_the_top_and_far_from_it():
     keys = torch.stack([c[0] for c in cases])
     ks = torch.tensor([c[1] for c in cases], dtype=torch.int32)
     device = "cuda" if not interpreted else "cpu"
-    out = torch.empty(len(cases), dtype=torch.int64, device=device)
+    out = torch.empty(len(cases), 2, dtype=torch.int64, device=device)
     ties = torch.empty(len(cases), TIE_TILE, dtype=torch.int64, device=device)
     kth_largest_kernel[(len(cases),)](out, ties, keys.to(device), ks.to(device), ROWS=rows, COLS=cols,
                                       KEY_BITS=16 + gid_bits)
     for case, (key, k) in enumerate(cases):
         present = key[key != 0].sort(descending=True).values
         want = int(present[k - 1]) if present.numel() >= k else 0
-        assert int(out[case]) == want, (case, k)
+        assert out[case].tolist() == [want, min(k, present.numel())], (case, k)
 
 
 @needs_triton
