@@ -222,12 +222,13 @@ def test_tile_threshold_near_the_top_and_far_from_it():
 
 @needs_triton
 def test_kth_largest_near_the_top_and_far_from_it():
-    """The select's k-th key (a histogram of the score's level below the
-    top level, then the last score bit and the gid bits; the full radix
-    from the top bit when the boundary is 127 or more levels down) against
-    sorting: clustered and spread scores, keys at the boundary level (few enough to be compacted
-    into the tie tile, and too many), fewer keys than k; and the count of
-    keys it selects (k, or every key when fewer), which the emit uses."""
+    """The select's k-th key (a histogram of the score's level below the top
+    level, then the last score bit and the gid bits; the full radix from the top
+    bit when the boundary is 127 or more levels down) against sorting: clustered
+    and spread scores, keys at the boundary level (few enough to be compacted
+    into the tie tile, and too many, and a few in one bucket of the tie radix),
+    fewer keys than k; and the count of keys it selects (k, or every key when
+    fewer), which the emit uses."""
     from kernel_probes import TIE_TILE, kth_largest_kernel
 
     gen = torch.Generator().manual_seed(4)
@@ -241,6 +242,13 @@ def test_kth_largest_near_the_top_and_far_from_it():
             key = (score.long() << gid_bits) | ((1 << gid_bits) - 1 - gid.long())
             key[torch.rand(rows * cols, generator=gen) < 0.1] = 0  # empty slots
             cases.append((key.view(rows, cols), k))
+    # Five keys of one score whose gids share their top bits (one bucket after
+    # the first tie pass) under ten of a higher score: the k-th is each of them.
+    gid = torch.tensor([0, 1, 2, 3, 4] + list(range(64, 74)))
+    score = torch.tensor([0xC000] * 5 + [0xC010] * 10)
+    key = torch.zeros(rows * cols, dtype=torch.int64)
+    key[torch.randperm(rows * cols, generator=gen)[: gid.numel()]] = (score << gid_bits) | ((1 << gid_bits) - 1 - gid)
+    cases += [(key.view(rows, cols), k) for k in range(11, 16)]
     keys = torch.stack([c[0] for c in cases])
     ks = torch.tensor([c[1] for c in cases], dtype=torch.int32)
     device = "cuda" if not interpreted else "cpu"
