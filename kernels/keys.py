@@ -85,7 +85,7 @@ def radix_boundary(hist, need):
 
 
 TIE_TILE = tl.constexpr(256)
-NEAR_BINS = tl.constexpr(128)  # the select's near histogram: bins of two scores
+NEAR_BINS = tl.constexpr(128)  # near histograms (select and pack): a bin a level of two scores
 # The tie tile's radix runs in 7-bit digits, not 8 (the score's last bit and a
 # 17-bit gid: passes of 7, 7 and 4 bits): a histogram's cost grows with its
 # bins (H200, select at T = 64: 0.7 to 0.9 us faster at W = 2 and 16, 0.1 at 8).

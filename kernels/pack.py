@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .exchange import push_row
-from .keys import bf16_bits, is_nan_bits, ord16, radix_boundary, score_bits
+from .keys import NEAR_BINS, bf16_bits, is_nan_bits, ord16, radix_boundary, score_bits
 from .sync import after_prior_kernel, dependent_launch
 
 
@@ -129,15 +129,15 @@ def _tile_threshold(score, valid, need):
     """(threshold ord16, ties of it taken) of the ``need`` largest valid
     scores of one tile held in registers. One histogram of how far each
     score's level (the score without its lowest bit, as in the select's
-    ``kth_largest``) lies below the top level (bin 127 - distance, bin 0 for
-    127 levels or more): a top-N of bf16 scores rarely spans 254 steps.
-    Then a count of the boundary level's upper score splits it. Only when
+    ``kth_largest``) lies below the top level (bin NEAR_BINS - 1 - distance,
+    bin 0 for NEAR_BINS - 1 levels or more): a top-N of bf16 scores rarely
+    spans 254 steps. Then a count of the boundary level's upper score splits it. Only when
     the boundary falls in bin 0 do the two byte histograms run."""
     level = score >> 1
     top = tl.max(tl.where(valid, level, 0), axis=0)
-    near = 127 - tl.minimum(tl.maximum(top - level, 0), 127)
-    bucket, above, _ = radix_boundary(tl.histogram(near, 128, mask=valid), need)
-    upper = (top - 127 + bucket) * 2 + 1
+    near = NEAR_BINS - 1 - tl.minimum(tl.maximum(top - level, 0), NEAR_BINS - 1)
+    bucket, above, _ = radix_boundary(tl.histogram(near, NEAR_BINS, mask=valid), need)
+    upper = (top - (NEAR_BINS - 1) + bucket) * 2 + 1
     ties_taken = need - above
     upper_count = tl.sum((valid & (score == upper)).to(tl.int32), axis=0)
     threshold = tl.where(ties_taken <= upper_count, upper, upper - 1)
