@@ -7,6 +7,7 @@ wheel) on PATH or in NVSHMEM_TOPK_MPIEXEC, and mpi4py for bootstrap="mpi"."""
 import importlib.util
 import os
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -71,10 +72,21 @@ def test_a_skipped_merge_raises_on_the_peer():
         assert r.returncode == 0 and f"rank {r.rank} raised after" in r.output, r.output
 
 
-MPIEXEC = os.environ.get("NVSHMEM_TOPK_MPIEXEC") or shutil.which("mpiexec")
+def _hydra_mpiexec():
+    """MPICH's Hydra ``mpiexec`` (NVSHMEM_TOPK_MPIEXEC, or the one on PATH), or
+    None: another MPI's ``mpiexec`` (Open MPI's) has neither Hydra's options
+    nor its PMI-1 server, so it is no launcher for these tests."""
+    path = os.environ.get("NVSHMEM_TOPK_MPIEXEC") or shutil.which("mpiexec")
+    if path is None:
+        return None
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    return path if "HYDRA" in version.stdout else None
 
 
-@pytest.mark.skipif(MPIEXEC is None, reason="needs a PMI launcher (MPICH's mpiexec)")
+MPIEXEC = _hydra_mpiexec()
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="needs MPICH's Hydra mpiexec (a PMI-1 launcher)")
 @pytest.mark.parametrize("bootstrap,mode,marker", [
     ("pmi", "families", "ok 26"), ("pmi", "graph", "replays ok 1000"), ("mpi", "families", "ok 26"),
 ])
