@@ -29,7 +29,7 @@ def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr,
     need_mask; on a timeout record the lowest rank not seen."""
     q = tl.arange(0, WORLD_P2)
     needed = (q < WORLD) & (((need_mask >> q) & 1) != 0)
-    seen = wait_flags_at_least(flags_ptr + q * max_rows + row, needed, epoch, max_spins)
+    seen = wait_flags_at_least(flags_ptr + q * max_rows + row, needed, epoch, max_spins, status_ptr)
     late = tl.min(tl.where(seen, WORLD, q), axis=0)
     ok = late == WORLD
     if not ok:

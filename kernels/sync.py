@@ -8,7 +8,7 @@ one thread releasing W peers' flags in turn would wait W times. Acquire:
 system-scope acquire reads of the flags before any payload read; the
 reduction over what they saw crosses a CTA barrier before the payload is
 read. Waits are bounded by a spin count; the caller turns a miss into a
-status record, never a hang. Each flag is polled by the one thread that
+status record, never a hang, and a wait stops early once that record exists. Each flag is polled by the one thread that
 holds it (Triton masks a tensor atomic's replicated lanes), all of a row's
 flags at once: one memory round trip per poll, not one per peer.
 
@@ -57,13 +57,21 @@ def release_flags(flag_ptrs, value, mask):
     tl.atomic_xchg(flag_ptrs, value, mask=mask, sem="release", scope="sys")
 
 
+EXPIRED_CHECK_SPINS = tl.constexpr(32)
+
+
 @triton.jit
-def wait_flags_at_least(flag_ptrs, needed, epoch, max_spins):
+def wait_flags_at_least(flag_ptrs, needed, epoch, max_spins, status_ptr):
     """Poll the flags ``flag_ptrs`` (a 1-D tensor of pointers; ``needed``
     says which count) until each is >= epoch (a peer may already be one epoch
     ahead, so never ==). Each flag is read by one thread's system-scope
     acquire, all of them at once; flags already seen are not read again.
-    Returns which flags were seen, after at most ``max_spins`` rounds."""
+    Returns which flags were seen, after at most ``max_spins`` rounds, or
+    sooner once the status word says a wait has expired: the merge fails
+    then anyway, and rows that wait one after another (the interpreter's
+    programs, a second wave of CTAs, the rescue after the select) would
+    otherwise add their bounds up. The status is read every
+    EXPIRED_CHECK_SPINS rounds, never on the way through."""
     value = tl.atomic_add(flag_ptrs, 0, mask=needed, sem="acquire", scope="sys")
     seen = ~needed | (value >= epoch)
     spins = 0
@@ -71,6 +79,8 @@ def wait_flags_at_least(flag_ptrs, needed, epoch, max_spins):
         value = tl.atomic_add(flag_ptrs, 0, mask=~seen, sem="acquire", scope="sys")
         seen = seen | (value >= epoch)
         spins += 1
+        if spins % EXPIRED_CHECK_SPINS == 0:
+            spins = tl.where(tl.load(status_ptr, volatile=True) != 0, max_spins, spins)
     return seen
 
 

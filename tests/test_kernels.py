@@ -392,6 +392,38 @@ def test_kernel_timeout_records_status_and_raises():
         ws[0].check()
 
 
+@needs_triton
+def test_rows_after_an_expired_wait_do_not_wait_again():
+    """Rows that wait one after another (the interpreter runs a grid's
+    programs in turn; on a GPU, a second wave of CTAs) end their waits once
+    the status records an expired one: 16 rows take about one bound, not 16.
+    Under the interpreter a poll takes 0.25 to 0.9 ms (_backends.py) and the
+    bound is 1000 polls: 16 bounds take at least 4 s, one bound and 15 rows
+    that each poll until the next status check (32 polls) at most 1.3 s."""
+    import time
+
+    import nvshmem_topk as nt
+
+    device = "cuda" if not interpreted else "cpu"
+    rows, timeout_s = 16, 0.5
+    group = nt.SimulatedGroup(2, device)
+    ws = nt.init_dcp_topk_merge(group.ranks[0], max_rows=rows, topk=32, max_local_len=64, timeout_s=timeout_s,
+                                impl="triton")
+    logits = torch.zeros(rows, 64, device=device).bfloat16()
+    ends = torch.full((rows,), 64, dtype=torch.int32, device=device)
+    nt.dcp_topk_exchange(nt.dcp_topk_pack(logits, ends, local_topk=32, max_local_len=64, impl="triton"),
+                         workspace=ws)
+    ids = torch.empty(rows, 32, dtype=torch.int32, device=device)
+    start = time.monotonic()
+    nt.dcp_topk_select(logits, ends, workspace=ws, num_rows=rows, ids_out=ids)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.monotonic() - start
+    with pytest.raises(nt.DcpTopkTimeoutError, match="rank 1's flag of row"):
+        ws.check()
+    assert elapsed < 6 * timeout_s, f"16 rows waited {elapsed:.1f} s"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("world_size,rows,width,topk", [
     (1, 8, 16384, 2048), (2, 64, 65536, 2048), (8, 256, 16384, 2048), (8, 16, 131072, 2048),
