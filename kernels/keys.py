@@ -112,12 +112,14 @@ def _gid_select(flat, present, prefix, need, fixed, DIGIT: tl.constexpr, BINS: t
         prefix |= chosen.to(tl.int64) << shift
         fixed = shift
         from_bottom = bucket_count - need + 1
-        if tl.minimum(need, from_bottom) <= 2:
+        nth = tl.minimum(need, from_bottom)
+        if nth <= 2:
             sign = tl.where(need <= from_bottom, 1, -1).to(tl.int64)
-            ranked = tl.where(match & (digit == chosen), flat * sign, -0x7FFFFFFFFFFFFFFF)
+            unranked = -0x7FFFFFFFFFFFFFFF  # below every key and every negated key
+            ranked = tl.where(match & (digit == chosen), flat * sign, unranked)
             found = tl.max(ranked, axis=0)
-            if tl.minimum(need, from_bottom) == 2:
-                found = tl.max(tl.where(ranked == found, -0x7FFFFFFFFFFFFFFF, ranked), axis=0)
+            if nth == 2:
+                found = tl.max(tl.where(ranked == found, unranked, ranked), axis=0)
             found *= sign
             fixed = tl.zeros((), dtype=tl.int32)
     return tl.where(found != 0, found, prefix)

@@ -8,9 +8,10 @@ one thread releasing W peers' flags in turn would wait W times. Acquire:
 system-scope acquire reads of the flags before any payload read; the
 reduction over what they saw crosses a CTA barrier before the payload is
 read. Waits are bounded by a spin count; the caller turns a miss into a
-status record, never a hang, and a wait stops early once that record exists. Each flag is polled by the one thread that
-holds it (Triton masks a tensor atomic's replicated lanes), all of a row's
-flags at once: one memory round trip per poll, not one per peer.
+status record, never a hang, and a wait stops early once that record
+exists. Each flag is polled by the one thread that holds it (Triton masks a
+tensor atomic's replicated lanes), all of a row's flags at once: one memory
+round trip per poll, not one per peer.
 
 Kernel order: on a GPU every kernel is launched as a programmatic dependent
 of the one before it on the stream (PDL), so that its launch overlaps that
