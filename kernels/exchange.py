@@ -60,6 +60,20 @@ def push_row(row_ptr, row, epoch, gather_ptrs, flag_ptrs, max_rows, rank, WORDS:
 
 
 @triton.jit
+def push_list(row_ptr, offset, row, rank, epoch, recv_ptrs, flag_ptrs, pes_ptr, max_rows, WORDS: tl.constexpr,
+              WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, BLOCK: tl.constexpr):
+    """A saturated rank's pushed list of ``row`` (``row_ptr``, word
+    ``offset`` of its own receive buffer) into the same slot of every
+    peer's, then its rescue flag of the row raised there."""
+    store_to_peers(row_ptr, recv_ptrs, offset, rank, WORDS, WORLD, LIBRARY_PEERS, BLOCK)
+    flag = (WORLD + rank) * max_rows + row
+    if LIBRARY_PEERS != 0:  # the same slot of the symmetric receive buffer on those PEs
+        nvshmem_device.put_then_flag(row_ptr.to(tl.int64), row_ptr.to(tl.int64), tl.full((), WORDS * 4, tl.int64),
+                                     tl.load(flag_ptrs + rank) + flag * 4, epoch, pes_ptr, WORLD, LIBRARY_PEERS)
+    release_peers(flag_ptrs, flag, epoch, WORLD, LIBRARY_PEERS)
+
+
+@triton.jit
 def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, pes_ptr, max_rows, rank,
                      WORDS: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, BLOCK: tl.constexpr,
                      PDL: tl.constexpr):

@@ -10,6 +10,16 @@ SAT_MASK_SHIFT = tl.constexpr(47)
 SAT_KAPPA_MASK = tl.constexpr((1 << 47) - 1)
 
 
+MIN_VALID = tl.constexpr(0x007F)  # ord16 of -inf: every valid score is at least this; 0 is "none"
+
+
+@triton.jit
+def packed_word(score, local):
+    """The candidate word (int32) of a token of ord16 ``score`` and local id
+    ``local``: the score over the id's low 16 bits, inverted."""
+    return ((score.to(tl.int64) << LOW_BITS) | (0xFFFF - (local & 0xFFFF))).to(tl.int32)
+
+
 @triton.jit
 def ord16(bits):
     """bf16 bits (int32 in [0, 0xFFFF]) -> order-preserving unsigned image."""

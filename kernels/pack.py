@@ -1,52 +1,180 @@
-"""Pack: a row's local top-N by (score desc, local id asc) as a packed row.
+"""Local top-n: a rank's n best tokens of each row, by (score desc, local id
+asc), written as a packed row (candidates by ascending local id, empty slots
+last). One pipeline serves the pack (n = N, round 1) and a saturated rank's
+pushed list (n = K, after the select). Only the estimate is a program per
+row, and it reads a sample; every step that reads the row is spread over
+its blocks of BLOCK tokens, so no program walks a row:
 
-The exact walk (``pack_row``): a 256-bin histogram of the high byte of
-ord16, a histogram of the low byte inside the boundary bucket (together they
-fix the threshold score and how many of its ties are taken), then an ordered
-compaction that writes the kept tokens by ascending local id, ties at the
-threshold lowest id first. A saturated rank also builds its pushed list so.
-
-The pack itself selects from a short candidate list, not the row:
-  1. estimate (a program per row): over groups of 8 adjacent tokens spread
-     evenly over the row (a 16-byte load each), a score ``tau`` that, by
-     the groups' top scores, comfortably more than N tokens reach;
-  2. filter (a program per block of the row): tokens >= tau are candidates
-     (bf16 compared as floats, 16-byte loads); each block writes their
-     words (bf16 bits and low id bits), in order, to its own region of the
-     scratch, and their count;
-  3. finish (a program per row): the running sums of the counts place each
-     region's candidates in the row's list (a binary search per slot). When
-     the candidates hold the row's top-N (at least N of them, or tau = 0 so
-     that every valid token is one; not more than the room), the threshold
-     and the compaction run over them, held in registers (or walked tile by
-     tile when more than a tile came); otherwise the exact walk runs over the
-     whole row. Either way the output is ``reference.pack``'s, bit for bit:
-     tau decides how much work is done, never what is written. In a merge by
-     push, the finish then stores the row into every rank's gather buffer
-     and raises its flags.
-A tile in registers (the groups' tops, the candidates) takes its threshold from
-one histogram of each score's level (two scores a bin) below the tile's
-top level and a count of the boundary level's upper score; the byte
-histograms run only when the boundary lies 254 or more steps down. Only the
-filter reads the whole row, once; the finish reads only the candidates'
-words, not the logits."""
+1. estimate (a program per row): the row's n-th score is expected at rank r
+   of a sample of groups of 8 adjacent tokens spread over the row. The
+   ``floor`` is the sample's score at rank r_lo, four standard deviations of
+   r further down, the ``probe`` its score at rank r; when many sampled
+   tokens tie on the floor's score, that score is the probe and the floor
+   moves above it. A row of at most ROOM tokens needs no estimate: every
+   valid token is a candidate. Zeroes the output row.
+2. filter (a program per block): each block counts its valid tokens, those
+   >= floor (the candidates), >= probe and > probe, and writes its
+   candidates' words, in order, to its region of the scratch.
+3. finish (a program per span of SPAN blocks) settles each row from the
+   counts summed over its blocks, the same way in every program:
+   - listed: n <= candidates <= ROOM, or every valid token is one. The first
+     span's program selects from them in registers (one tile, or two).
+   - exact: the probe is the threshold (fewer than n above it, n at or
+     above it), or every valid token is taken. Each block with tokens to
+     keep writes them at its place in the row, from the earlier counts.
+   - radix: neither (the sample misled). Each span histograms the high byte
+     of its scores.
+4. radix_low (radix rows only): each span histograms the low byte of its
+   scores in the high byte's boundary bucket.
+5. radix_write (radix rows only): the threshold is exact; each span writes
+   its kept tokens.
+A row that several spans write is published (pushed to every peer, its flag
+raised) by the last span to finish it. Whatever the path, the output is
+``reference.pack``'s, bit for bit: the estimate decides how much work is
+done, never what is written."""
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .exchange import push_row
-from .keys import NEAR_BINS, bf16_bits, is_nan_bits, ord16, radix_boundary, score_bits
-from .sync import after_prior_kernel, dependent_launch
+from . import nvshmem_device
+from .exchange import MAX_PEERS, push_list, push_row
+from .keys import (MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, bf16_bits, is_nan_bits, ord16, packed_word,
+                   radix_boundary, score_bits)
+from .sync import after_prior_kernel, dependent_launch, last_to_arrive
+
+BLOCK = tl.constexpr(4096)  # tokens a filter program reads; a power of two up to 2^16 (words carry 16 id bits)
+FILTER_WARPS = 4
+SPAN = tl.constexpr(4)  # blocks a finish or radix program covers
+SPAN_WARPS = 8
+ESTIMATE_WARPS = 8
+MAX_GROUPS = 512  # the estimate samples at most 8 * MAX_GROUPS tokens
+SAMPLE_RANK = tl.constexpr(256)  # the sample is sized to hold about this many of the row's top-n
+MAX_TILE = 4096
+
+# Scratch of a row (int32): the estimate's floor and probe and the row's
+# settling, then per block its four counts, per span its two histograms
+# (radix rows), and per block its region (candidate words).
+FLOOR, PROBE, MODE, HEADER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(4)
+COUNT_FIELDS = tl.constexpr(4)  # valid tokens, candidates, >= probe, > probe
+LISTED, EXACT, RADIX = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # how a row is settled
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The compile-time shape of one pipeline: n selected from rows of up to
+    ``max_local_len`` tokens. ``tile``: candidates held in registers at once
+    (ROOM = 2 tiles in all, the most a block's region keeps); ``groups``:
+    most groups of 8 the estimate samples; ``blocks_p2``: blocks of the
+    longest row, rounded up to a power of two (spans too)."""
+
+    n: int
+    tile: int
+    groups: int
+    blocks_p2: int
+
+    @property
+    def room(self) -> int:
+        return 2 * self.tile
+
+    @property
+    def region(self) -> int:
+        return min(BLOCK.value, self.room)
+
+    @property
+    def histograms_at(self) -> int:
+        return HEADER.value + self.blocks_p2 * COUNT_FIELDS.value
+
+    @property
+    def regions_at(self) -> int:
+        return self.histograms_at + self.blocks_p2 * 512
+
+    @property
+    def scratch_words(self) -> int:
+        return self.regions_at + self.blocks_p2 * self.region
+
+
+def _margin(rank: float) -> float:
+    """The sample rank of the floor: four standard deviations (the variance
+    doubled, for tokens that come in correlated groups) below ``rank``."""
+    return rank + 4 * math.sqrt(2 * rank) + 4
+
+
+def plan(n: int, max_local_len: int) -> Plan:
+    """Enough groups that about SAMPLE_RANK sampled tokens fall in the
+    longest row's top-n (at most MAX_GROUPS), and a tile that holds its
+    candidates with four standard deviations to spare: a row's count of them
+    is about n r_lo / r, the sample's r_lo-th score standing for the n-th."""
+    groups = min(MAX_GROUPS, max(64, triton.next_power_of_2(math.ceil(SAMPLE_RANK.value * max_local_len / (8 * n)))))
+    rank = max(1.0, min(SAMPLE_RANK.value, n * 8 * groups / max_local_len))
+    floor_rank = _margin(rank)
+    expected = n * (floor_rank + 4 * math.sqrt(floor_rank)) / rank
+    tile = min(max(256, triton.next_power_of_2(math.ceil(expected))), MAX_TILE)
+    blocks_p2 = triton.next_power_of_2(triton.cdiv(max_local_len, BLOCK.value))
+    return Plan(n=n, tile=tile, groups=groups, blocks_p2=blocks_p2)
+
+
+# ------------------------------------------------------------------ scores
 
 
 @triton.jit
-def _scores(in_row, local, inside):
-    """(ord16 score, valid: inside and not NaN) of the tokens ``local``."""
-    bits = score_bits(in_row + local, inside)
-    return ord16(bits), inside & ~is_nan_bits(bits)
+def _order(x):
+    """ord16 of the scores ``x`` (bf16, or fp32 rounded to bf16), 0 for NaN:
+    below every valid score."""
+    bits = bf16_bits(x)
+    return tl.where(is_nan_bits(bits), 0, ord16(bits))
+
+
+@triton.jit
+def _load_tokens(ptrs, inside, WHOLE: tl.constexpr):
+    """The scores at ``ptrs``, NaN where not ``inside`` (all are when WHOLE,
+    so that the load is unmasked and vectorised)."""
+    if WHOLE:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=inside, other=float("nan"))
+    return x
+
+
+@triton.jit
+def _block_tokens(logits_ptr, row, logits_stride, block, end):
+    """(scores, local ids) of a block, as [BLOCK / 8, 8]: a thread loads 8
+    adjacent tokens at once (16 bytes of bf16), unmasked when the block is
+    wholly inside the row."""
+    local = block * BLOCK + tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    ptrs = logits_ptr + row * logits_stride + local
+    if (block + 1) * BLOCK <= end:
+        x = _load_tokens(ptrs, local < end, True)
+    else:
+        x = _load_tokens(ptrs, local < end, False)
+    return x, local
+
+
+@triton.jit
+def _row_end(row_ends_ptr, row, width_limit):
+    return tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit)
+
+
+@triton.jit
+def _target(row, sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr):
+    """(active, offset): whether this rank selects ``row`` and the word
+    offset of its output row. Round 1: every row, row by row. A pushed list
+    (LIST): rows where this rank is saturated, in its slot of the receive
+    buffer, popcount(mask & ((1 << rank) - 1))."""
+    if LIST:
+        mask = tl.load(sat_ptr + row) >> SAT_MASK_SHIFT
+        slot = tl.zeros((), dtype=tl.int64)
+        for q in tl.static_range(MAX_PEERS):
+            slot += tl.where(q < rank, (mask >> q) & 1, 0)
+        return ((mask >> rank) & 1) != 0, (row * SLOTS + slot) * WORDS
+    else:
+        return True, row * WORDS
+
+
+# -------------------------------------------------- thresholds in registers
 
 
 @triton.jit
@@ -59,57 +187,6 @@ def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
     else:
         digit = score >> 8
     return tl.histogram(digit, 256, mask=counted)
-
-
-@triton.jit
-def _candidates(scratch, slot, total, counts, ends, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                BLOCK: tl.constexpr):
-    """(local id, ord16 score, valid) of candidates ``slot`` (in ascending
-    local id) of a row whose blocks wrote their candidates' packed words to
-    their own regions: a binary search over the blocks' inclusive ends
-    (``ends``, held in registers with the ``counts``; BLOCKS_P2 entries,
-    padded with the total) finds the block of each slot, the first whose end
-    is past it. A word holds the score's bf16 bits and the id's low 16 bits
-    (as a packed word's, inverted); the block gives the id's other bits (a
-    block never straddles 2^16)."""
-    block = tl.zeros(slot.shape, dtype=tl.int32)
-    for k in tl.static_range(20):  # halving steps BLOCKS_P2 / 2, ..., 1 (compile-time)
-        if (BLOCKS_P2 >> (k + 1)) > 0:
-            probe = block + (BLOCKS_P2 >> (k + 1))
-            block = tl.where(tl.gather(ends, probe - 1, 0) <= slot, probe, block)
-    start = tl.gather(ends, block, 0) - tl.gather(counts, block, 0)
-    valid = slot < total
-    word = tl.load(scratch + 1 + BLOCKS + block.to(tl.int64) * BLOCK + slot - start, mask=valid, other=0)
-    local = ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF))
-    return local, ord16((word >> 16) & 0xFFFF), valid
-
-
-@triton.jit
-def _walk_tokens(in_row, scratch, counts, ends, start, count, FROM_LIST: tl.constexpr, BLOCKS: tl.constexpr,
-                 BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, BLOCK: tl.constexpr):
-    """Local ids of tokens [start, start + BLOCK) of a walk over ``count``
-    tokens (the candidates in ``scratch``'s block regions, or the row
-    itself), and their (ord16 score, valid)."""
-    i = start + tl.arange(0, BLOCK)
-    if FROM_LIST:
-        local, score, valid = _candidates(scratch, i, count, counts, ends, BLOCKS, BLOCKS_P2, REGION)
-    else:
-        local = i
-        score, valid = _scores(in_row, local, i < count)
-    return local, score, valid
-
-
-@triton.jit
-def _walk_histogram(in_row, scratch, counts, ends, count, high_byte, SELECT_LOW: tl.constexpr, FROM_LIST: tl.constexpr,
-                    BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, BLOCK: tl.constexpr):
-    hist = tl.zeros((256,), dtype=tl.int32)
-    start = 0
-    while start < count:  # a while loop: the bound is a run-time scalar
-        _, score, valid = _walk_tokens(in_row, scratch, counts, ends, start, count, FROM_LIST, BLOCKS, BLOCKS_P2,
-                                       REGION, BLOCK)
-        hist += _histogram(score, valid, high_byte, SELECT_LOW)
-        start += BLOCK
-    return hist
 
 
 @triton.jit
@@ -127,12 +204,12 @@ def _threshold(high_bucket, above_high, low, need):
 @triton.jit
 def _tile_threshold(score, valid, need):
     """(threshold ord16, ties of it taken) of the ``need`` largest valid
-    scores of one tile held in registers. One histogram of how far each
-    score's level (the score without its lowest bit, as in the select's
-    ``kth_largest``) lies below the top level (bin NEAR_BINS - 1 - distance,
-    bin 0 for NEAR_BINS - 1 levels or more): a top-N of bf16 scores rarely
-    spans 254 steps. Then a count of the boundary level's upper score splits it. Only when
-    the boundary falls in bin 0 do the two byte histograms run."""
+    scores of one tile held in registers; (0, 0) when fewer. One histogram
+    of how far each score's level (the score without its lowest bit, as in
+    the select's ``kth_largest``) lies below the tile's top level (bin
+    NEAR_BINS - 1 - distance, bin 0 for NEAR_BINS - 1 levels or more), then
+    a count of the boundary level's upper score. Only when the boundary
+    falls in bin 0 do the two byte histograms run."""
     level = score >> 1
     top = tl.max(tl.where(valid, level, 0), axis=0)
     near = NEAR_BINS - 1 - tl.minimum(tl.maximum(top - level, 0), NEAR_BINS - 1)
@@ -152,320 +229,571 @@ def _tile_threshold(score, valid, need):
 
 
 @triton.jit
-def _zero_row(out_row, WORDS: tl.constexpr, BLOCK: tl.constexpr):
-    for start in tl.range(0, WORDS, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(out_row + offs, tl.zeros((BLOCK,), dtype=tl.int32), mask=offs < WORDS)
+def _store_words(out_row, pos, score, local, keep, N: tl.constexpr, PLANES: tl.constexpr):
+    """The kept tokens' words into slots ``pos`` of a zeroed packed row, and
+    their id bits above 16 into the planes (tokens written by different
+    threads, or programs, may share a plane word)."""
+    tl.store(out_row + pos, packed_word(score, local), mask=keep)
+    for p in tl.static_range(PLANES):
+        bit = (local >> (16 + p)) & 1
+        tl.atomic_or(out_row + N + p * (N // 32) + pos // 32, bit << (pos % 32), mask=keep & (bit != 0),
+                     sem="relaxed")
 
 
 @triton.jit
-def _walk(in_row, scratch, counts, ends, count, out_row, N: tl.constexpr, PLANES: tl.constexpr, FROM_LIST: tl.constexpr,
-          BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, BLOCK: tl.constexpr):
-    """Write the packed top-N of ``count`` tokens (the candidates, in
-    ascending local id, or the row) to ``out_row``, in one program, BLOCK
-    tokens at a time: two histogram passes, then the ordered compaction."""
-    _zero_row(out_row, N + PLANES * (N // 32), BLOCK)
-    tl.debug_barrier()
-    high = _walk_histogram(in_row, scratch, counts, ends, count, 0, False, FROM_LIST, BLOCKS, BLOCKS_P2, REGION,
-                           BLOCK)
-    high_bucket, above_high, _ = radix_boundary(high, N)
-    low = _walk_histogram(in_row, scratch, counts, ends, count, high_bucket, True, FROM_LIST, BLOCKS, BLOCKS_P2,
-                          REGION, BLOCK)
-    threshold, ties_taken = _threshold(high_bucket, above_high, low, N)
-    kept = tl.zeros((), dtype=tl.int32)
-    ties_seen = tl.zeros((), dtype=tl.int32)
-    start = 0
-    while start < count:
-        local, score, valid = _walk_tokens(in_row, scratch, counts, ends, start, count, FROM_LIST, BLOCKS,
-                                           BLOCKS_P2, REGION, BLOCK)
-        kept, ties_seen = _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen, N, PLANES)
-        start += BLOCK
-
-
-@triton.jit
-def pack_row(in_row, end, out_row, N: tl.constexpr, PLANES: tl.constexpr, BLOCK: tl.constexpr):
-    """The exact walk over the whole row: the packed top-N of scores
-    ``in_row[0:end]`` to ``out_row`` (N + PLANES * N / 32 int32 words)."""
-    unused = tl.zeros((1,), dtype=tl.int32)
-    _walk(in_row, in_row, unused, unused, end, out_row, N, PLANES, False, 1, 1, 1, BLOCK)
-
-
-@triton.jit
-def _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen,
-             N: tl.constexpr, PLANES: tl.constexpr):
+def _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen, N: tl.constexpr,
+             PLANES: tl.constexpr):
     """Write one tile's kept tokens from slot ``kept`` on, in tile order;
     ``ties_seen`` threshold ties came before the tile. Returns both updated."""
     is_tie = valid & (score == threshold)
     tie = is_tie.to(tl.int32)
     keep = (valid & (score > threshold)) | (is_tie & (ties_seen + tl.cumsum(tie, axis=0) - tie < ties_taken))
     keep_i = keep.to(tl.int32)
-    pos = kept + tl.cumsum(keep_i, axis=0) - keep_i
-    word = (score.to(tl.int64) << 16) | (0xFFFF - (local & 0xFFFF))
-    tl.store(out_row + pos, word.to(tl.int32), mask=keep)
-    for p in tl.static_range(PLANES):  # kept tokens of one tile may share a plane word
-        bit = (local >> (16 + p)) & 1
-        tl.atomic_or(out_row + N + p * (N // 32) + pos // 32, bit << (pos % 32),
-                     mask=keep & (bit != 0), sem="relaxed")
+    _store_words(out_row, kept + tl.cumsum(keep_i, axis=0) - keep_i, score, local, keep, N, PLANES)
     return kept + tl.sum(keep_i, axis=0), ties_seen + tl.sum(tie, axis=0)
 
 
 @triton.jit
-def _row_end(row_ends_ptr, row, width_limit):
-    return tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit)
+def _zero_row(out_row, WORDS: tl.constexpr, BLOCK: tl.constexpr):
+    for start in tl.range(0, WORDS, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(out_row + offs, tl.zeros((BLOCK,), dtype=tl.int32), mask=offs < WORDS)
 
 
-# Scratch per row (int32): [0] tau, [1, 1 + BLOCKS) candidates per block,
-# then one region of BLOCK candidate words per block: bf16 bits << 16 and
-# 0xFFFF - (id & 0xFFFF) (the block, a power of two up to 2^16, gives the
-# id's other bits).
+# ----------------------------------------------------------------- estimate
 
 
 @triton.jit
-def estimate_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
-                    N: tl.constexpr, GROUPS: tl.constexpr, TOPS: tl.constexpr, PDL: tl.constexpr):
-    """tau of a row from GROUPS groups of 8 adjacent tokens (a thread loads
-    a group at once), evenly spread over the row, or every group when that
-    is the whole row: from the groups' top scores (TOPS), or from all their
-    tokens (where N is so large a share of the row that most groups hold one
-    of the top-N)."""
+def _near_bin(top, level):
+    """Bin of a level in a histogram of how far it lies below ``top``: bin
+    NEAR_BINS - 1 - distance, bin 0 for NEAR_BINS - 1 levels or more (levels
+    above ``top`` count as at it)."""
+    distance = tl.minimum(tl.maximum(top - level, 0), NEAR_BINS - 1)
+    return -(distance - (NEAR_BINS - 1))  # tensor - constexpr: the interpreter keeps a tensor
+
+
+@triton.jit
+def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
+    """(probe, floor) of a row, from groups of 8 adjacent tokens spread
+    evenly over it, enough that about SAMPLE_RANK sampled tokens are
+    expected in its top N (at most GROUPS). The row's N-th score is expected
+    at rank r of the sample; the floor is the lowest score of the bin that
+    holds rank r_lo = r + 4 sqrt(2 r) + 4 (four standard deviations, the
+    variance doubled for tokens that come in correlated groups). The sample
+    is ranked by one histogram of each score's level below the top level,
+    levels of 2 scores; of 32, then 512, only when rank r_lo falls past
+    NEAR_BINS - 1 levels (heavy tails, a few outliers, a tie far below a few
+    scores). When one score holds more sampled tokens than r_lo + 16 in the
+    floor's bin (ties: few levels, zeros, masked tails), it is the probe and
+    the floor moves above it; otherwise the probe is the r-th score where
+    more than 8 sampled tokens share its level, else none."""
+    groups = tl.minimum((SAMPLE_RANK * end + 8 * N - 1) // (8 * N), tl.minimum(end // 8, GROUPS))
+    g = tl.arange(0, GROUPS)
+    # Groups past ``groups`` re-read the last one (every 16-byte load stays
+    # inside the row, unmasked) and count nothing.
+    start = (tl.minimum(g, groups - 1).to(tl.int64) * end) // groups // 8 * 8
+    score = _order(tl.load(in_row + start[:, None] + tl.arange(0, 8)[None, :]))
+    score = tl.reshape(tl.where((g < groups)[:, None], score, 0), (GROUPS * 8,), can_reorder=True)
+    valid = score != 0
+    r = tl.maximum((N * 8 * groups + end - 1) // end, 1).to(tl.int32)
+    r_lo = r + tl.ceil(4.0 * tl.sqrt(2.0 * r.to(tl.float32))).to(tl.int32) + 4
+    top = tl.max(tl.where(valid, score >> 1, 0), axis=0)
+    hist = tl.histogram(_near_bin(top, score >> 1), NEAR_BINS, mask=valid)
+    bucket, above, in_level = radix_boundary(hist, r)
+    low_bucket, _, _ = radix_boundary(hist, r_lo)
+    shift = tl.full((), 1, tl.int32)
+    low_top = top
+    for coarser in tl.static_range(2):
+        if low_bucket == 0:
+            shift += 4
+            low_top = tl.max(tl.where(valid, score >> shift, 0), axis=0)
+            low_bucket, _, _ = radix_boundary(tl.histogram(_near_bin(low_top, score >> shift), NEAR_BINS, mask=valid),
+                                              r_lo)
+    floor_level = low_top - (NEAR_BINS - 1) + low_bucket
+    in_floor = valid & ((score >> shift) == floor_level)
+    least = tl.min(tl.where(in_floor, score, 0xFFFF), axis=0)
+    most = tl.max(tl.where(in_floor, score, 0), axis=0)
+    upper = (top - (NEAR_BINS - 1) + bucket) * 2 + 1
+    counts = tl.sum((valid & (score == upper)).to(tl.int64) | ((valid & (score == least)).to(tl.int64) << 16)
+                    | ((valid & (score == most)).to(tl.int64) << 32), axis=0)
+    probe = tl.where(r - above <= (counts & 0xFFFF).to(tl.int32), upper, upper - 1)
+    probe = tl.where((bucket > 0) & (in_level > 8), probe, 0)
+    floor = tl.where(low_bucket >= 0, floor_level << shift, 0)
+    at_least = ((counts >> 16) & 0xFFFF).to(tl.int32)
+    at_most = (counts >> 32).to(tl.int32)
+    if (low_bucket >= 0) & (tl.maximum(at_least, at_most) > r_lo + 16):
+        probe = tl.where(at_most >= at_least, most, least)
+        floor = probe + 1
+    return probe, floor
+
+
+@triton.jit
+def estimate_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit,
+                    scratch_stride, rank, N: tl.constexpr, WORDS: tl.constexpr, SLOTS: tl.constexpr,
+                    LIST: tl.constexpr, GROUPS: tl.constexpr, ROOM: tl.constexpr, PDL: tl.constexpr):
+    """The row's floor and probe into its scratch; its output row zeroed."""
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
-    end = _row_end(row_ends_ptr, row, width_limit)
-    in_row = logits_ptr + row * logits_stride
-    group = tl.arange(0, GROUPS).to(tl.int64)
-    token = tl.arange(0, 8)[None, :]
-    sampled = end > 8 * GROUPS
-    if sampled:  # whole groups at 8-token boundaries: 16-byte loads, none past the end
-        x = tl.load(in_row + ((group * end) // GROUPS // 8 * 8)[:, None] + token)
-    else:
-        local = group[:, None] * 8 + token
-        x = _load_tokens(in_row + local, local < end, False)
-    bits = bf16_bits(x)
-    score = tl.where(is_nan_bits(bits), 0, ord16(bits))  # 0: no valid token
-    # Over the whole row, the N-th largest value leaves at least N tokens at
-    # or above it. Sampled, the row's top-N puts about ``expected`` values
-    # in the sample (a group's top reaches the N-th score with probability
-    # 1 - (1 - N / end)^8); asking for five (Poisson) standard deviations
-    # more keeps rows whose sample promised too much, and so fall back to
-    # the whole-row walk, rare.
-    share = tl.minimum(N / tl.maximum(end, 1).to(tl.float32), 1.0)
-    if TOPS:
-        values = tl.max(score, axis=1)
-        miss = (1.0 - share) * (1.0 - share)
-        miss = miss * miss
-        expected = GROUPS * (1.0 - miss * miss)
-    else:
-        values = tl.reshape(score, (GROUPS * 8,), can_reorder=True)
-        expected = GROUPS * 8 * share
-    need = tl.where(sampled, tl.ceil(expected + 5.0 * tl.sqrt(expected)).to(tl.int32) + 4, N)
-    tau, _ = _tile_threshold(values, values != 0, need)
-    tl.store(scratch_ptr + row * scratch_stride, tau)
+    active, offset = _target(row, sat_ptr, rank, WORDS, SLOTS, LIST)
+    if active:
+        _zero_row(out_ptr + offset, WORDS, 1024)
+        scratch = scratch_ptr + row * scratch_stride
+        end = _row_end(row_ends_ptr, row, width_limit)
+        probe = tl.zeros((), dtype=tl.int32)
+        floor = tl.zeros((), dtype=tl.int32)
+        if end > ROOM:  # shorter rows: every valid token is a candidate
+            probe, floor = _sampled_estimate(logits_ptr + row * logits_stride, end, N, GROUPS)
+        tl.store(scratch + FLOOR, tl.maximum(floor, MIN_VALID))
+        tl.store(scratch + PROBE, probe)
+
+
+# ------------------------------------------------------------------- filter
 
 
 @triton.jit
-def _score_floor(tau):
-    """The float f with {non-NaN x : x >= f} = {x : ord16(x) >= tau}, up to
-    a monotone widening that keeps it a threshold set (-0 >= +0 is true,
-    and a NaN pattern widens to an infinity), which is all the filter needs."""
-    bits = tl.where(tau >= 0x8000, tau & 0x7FFF, ~tau & 0xFFFF)
-    floor = (bits << 16).to(tl.float32, bitcast=True)
-    return tl.where(is_nan_bits(bits), tl.where(tau >= 0x8000, float("inf"), float("-inf")), floor)
+def _score_floor(floor):
+    """The float f with {non-NaN x : x >= f} = {x : ord16(x) >= floor}, up
+    to a monotone widening that keeps it a threshold set (-0 >= +0 is true,
+    and a NaN pattern widens to an infinity): all the candidates need."""
+    bits = tl.where(floor >= 0x8000, floor & 0x7FFF, ~floor & 0xFFFF)
+    f = (bits << 16).to(tl.float32, bitcast=True)
+    return tl.where(is_nan_bits(bits), tl.where(floor >= 0x8000, float("inf"), float("-inf")), f)
 
 
 @triton.jit
-def _load_tokens(ptrs, inside, WHOLE: tl.constexpr):
-    """The scores at ``ptrs``, NaN where not ``inside`` (all are when WHOLE,
-    so that the load is unmasked and vectorised)."""
-    if WHOLE:
-        x = tl.load(ptrs)
-    else:
-        x = tl.load(ptrs, mask=inside, other=float("nan"))
-    return x
+def _line_positions(flags):
+    """Exclusive prefix count, in token order, of a [BLOCK / 8, 8] block of
+    0/1 flags: a thread's 8 tokens are summed in place, one scan runs over
+    the lines."""
+    per_line = tl.sum(flags, axis=1)
+    return (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flags, axis=1) - flags
 
 
 @triton.jit
-def _reaches(x, tau, floor):
-    """(reached, bf16 bits << 16 as int32) of the scores ``x``: whether each
-    scores at least ``tau`` (NaN never), and its bits as the high half of a
-    word. bf16 is compared as a float against ``floor`` (a few instructions
-    a token); fp32 goes through its bf16 rounding."""
+def _filter_block(scratch, x, local, block, REGION: tl.constexpr, BLOCKS_P2: tl.constexpr):
+    """The block's counts, and its first REGION candidates' words in order.
+    bf16 is compared as a float with the floor (a few instructions a token:
+    candidates need only be a threshold set that holds the top-n), the
+    probe exactly as ord16 through the sign-folded integer of the bits, and
+    only when there is one."""
     if x.dtype == tl.bfloat16:
         # Widened on the bits (a bf16 is the high half of its fp32): exact for
         # subnormals too, which the interpreter's bf16 conversion is not.
-        wide = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
-        reached = wide.to(tl.float32, bitcast=True) >= floor
+        half = x.to(tl.int16, bitcast=True).to(tl.int32)
+        wide = (half << 16).to(tl.float32, bitcast=True)
+        valid = wide == wide
+        candidate = wide >= _score_floor(tl.load(scratch + FLOOR))
     else:
         bits = bf16_bits(x)
-        reached = ~is_nan_bits(bits) & (ord16(bits) >= tau)
-        wide = bits << 16
-    return reached, wide
+        half = tl.where(bits >= 0x8000, bits - 0x10000, bits)  # as int16, sign extended
+        valid = ~is_nan_bits(bits)
+        candidate = valid & (ord16(bits) >= tl.load(scratch + FLOOR))
+    folded = half ^ ((half >> 15) & 0x7FFF)  # ord16 - 0x8000 for valid scores
+    flag = candidate.to(tl.int32)
+    pos = _line_positions(flag)
+    tl.store(scratch + HEADER + BLOCKS_P2 * COUNT_FIELDS + BLOCKS_P2 * 512 + block * REGION + pos,
+             packed_word(folded + 0x8000, local), mask=candidate & (pos < REGION))
+    first = tl.sum(tl.sum(valid.to(tl.int32) | (flag << 16), axis=1), axis=0)  # two counts a sum (each < 2^16)
+    counts = scratch + HEADER + block * COUNT_FIELDS
+    tl.store(counts, first & 0xFFFF)
+    tl.store(counts + 1, first >> 16)
+    probe = tl.load(scratch + PROBE)
+    second = tl.zeros((), dtype=tl.int32)
+    if probe != 0:
+        reach = valid & (folded >= probe - 0x8000)
+        above = valid & (folded > probe - 0x8000)
+        second = tl.sum(tl.sum(reach.to(tl.int32) | (above.to(tl.int32) << 16), axis=1), axis=0)
+    tl.store(counts + 2, second & 0xFFFF)
+    tl.store(counts + 3, second >> 16)
 
 
 @triton.jit
-def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
-                  BLOCKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """One read of the block: its candidates' words (bf16 bits and the local
-    id's low 16 bits, so that the finish reads no logits), in order,
-    to the block's own region, and their count (the finish finds where each
-    region's candidates fall in the row's list). The block is held as
-    [BLOCK / 8, 8]: each thread loads 8 tokens at once and numbers its
-    candidates itself; one scan across the block's lines places them."""
+def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank,
+                  REGION: tl.constexpr, BLOCKS_P2: tl.constexpr, LIST: tl.constexpr, PDL: tl.constexpr):
+    """One read of the block: its counts and its candidates' words, in
+    order, to its region (the first REGION of them: a block with more has
+    more candidates than any row that is settled from them)."""
     block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
     end = _row_end(row_ends_ptr, row, width_limit)
-    local = block * BLOCK + tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
-    ptrs = logits_ptr + row * logits_stride + local
-    # The logits and row ends were written before the estimate, which waited
-    # for them before this kernel could launch: the block is read while the
-    # estimate still runs, and only tau waits for it.
-    if (block + 1) * BLOCK <= end:
-        x = _load_tokens(ptrs, local < end, True)
+    if LIST:  # only the saturated rows, known once the select has run
+        after_prior_kernel(PDL)
+        if _target(row, sat_ptr, rank, 1, 1, LIST)[0]:
+            x, local = _block_tokens(logits_ptr, row, logits_stride, block, end)
+            _filter_block(scratch, x, local, block, REGION, BLOCKS_P2)
     else:
-        x = _load_tokens(ptrs, local < end, False)
-    after_prior_kernel(PDL)
-    tau = tl.load(scratch)
-    candidate, wide = _reaches(x, tau, _score_floor(tau))
-    flag = candidate.to(tl.int32)
-    per_line = tl.sum(flag, axis=1)
-    pos = (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag
-    tl.store(scratch + 1 + BLOCKS + block.to(tl.int64) * BLOCK + pos, wide | (~local & 0xFFFF), mask=candidate)
-    tl.store(scratch + 1 + block, tl.sum(per_line, axis=0))
+        # The logits and row ends were written before the estimate, which
+        # waited for them before this kernel could launch: the block is read
+        # while the estimate still runs, and only its floor waits for it.
+        x, local = _block_tokens(logits_ptr, row, logits_stride, block, end)
+        after_prior_kernel(PDL)
+        _filter_block(scratch, x, local, block, REGION, BLOCKS_P2)
+
+
+# ------------------------------------------------------------------- settle
 
 
 @triton.jit
-def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, logits_stride, width_limit, scratch_stride,
-                  epochs_ptr, gather_ptrs, flag_ptrs, max_rows, rank,
-                  N: tl.constexpr, PLANES: tl.constexpr, BLOCKS: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                  REGION: tl.constexpr, TILE: tl.constexpr, ROOM: tl.constexpr, ROW_BLOCK: tl.constexpr,
-                  WORLD: tl.constexpr, PDL: tl.constexpr):
-    """The row's packed top-N to ``out_row``; with WORLD > 0 also pushed to
-    every rank's gather buffer and flagged (the push exchange's work, done
-    here so that it costs no launch of its own)."""
-    after_prior_kernel(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    scratch = scratch_ptr + row * scratch_stride
-    in_row = logits_ptr + row * logits_stride
-    words: tl.constexpr = N + PLANES * (N // 32)
-    out_row = out_ptr + row * words
-    blocks = tl.arange(0, BLOCKS_P2)
-    counts = tl.load(scratch + 1 + blocks, mask=blocks < BLOCKS, other=0)
-    ends = tl.cumsum(counts, axis=0)
-    total = tl.max(ends, axis=0)
-    complete = (total <= ROOM) & ((total >= N) | (tl.load(scratch) == 0))
-    if complete & (total <= TILE):  # the common case: loaded once, selected in registers
-        local, score, valid = _candidates(scratch, tl.arange(0, TILE), total, counts, ends, BLOCKS, BLOCKS_P2,
-                                          REGION)
-        _zero_row(out_row, words, 1024)
+def _settle(scratch, blocks, N: tl.constexpr, ROOM: tl.constexpr, BLOCKS_P2: tl.constexpr):
+    """How the row is settled (LISTED, EXACT, RADIX), from the blocks'
+    counts; the candidates of each block; and, for an EXACT row, the
+    threshold, how many of its ties are taken, and each block's tokens above
+    it and tied with it."""
+    b = tl.arange(0, BLOCKS_P2)
+    inside = b < blocks
+    counts = scratch + HEADER + b * COUNT_FIELDS
+    valid = tl.load(counts, mask=inside, other=0)
+    listed = tl.load(counts + 1, mask=inside, other=0)
+    reach = tl.load(counts + 2, mask=inside, other=0)
+    above = tl.load(counts + 3, mask=inside, other=0)
+    all_valid = tl.sum(valid, axis=0)
+    all_listed = tl.sum(listed, axis=0)
+    all_above = tl.sum(above, axis=0)
+    on_list = (all_listed <= ROOM) & ((all_listed >= N) | (all_listed == all_valid))
+    tie = (all_above < N) & (tl.sum(reach, axis=0) >= N)
+    # One tile of candidates is the cheapest; then the threshold known (a
+    # tie, or every valid token), each block writing its own; then two tiles.
+    exact = tie | (all_valid <= N)
+    mode = tl.where(on_list & ((all_listed <= ROOM // 2) | ~exact), LISTED, tl.where(exact, EXACT, RADIX))
+    threshold = tl.where(tie, tl.load(scratch + PROBE), 0)  # 0: every valid token is taken
+    greater = tl.where(tie, above, valid)
+    equal = tl.where(tie, reach - above, 0)
+    return mode, listed, threshold, tl.where(tie, N - all_above, 0), greater, equal
+
+
+@triton.jit
+def _write_block(out_row, logits_ptr, row, logits_stride, block, end, threshold, take, offset, N: tl.constexpr,
+                 PLANES: tl.constexpr):
+    """The block's tokens above the threshold and its first ``take``
+    threshold ties, in order, into the packed row from slot ``offset``.
+    Returns (tokens written, threshold ties seen)."""
+    x, local = _block_tokens(logits_ptr, row, logits_stride, block, end)
+    score = _order(x)
+    valid = score != 0
+    tie = valid & (score == threshold)
+    ties = tl.sum(tl.sum(tie.to(tl.int32), axis=1), axis=0)
+    keep = valid & (score > threshold)
+    if take >= ties:
+        keep = keep | tie
+    elif take > 0:  # the block holds the row's last kept tie
+        keep = keep | (tie & (_line_positions(tie.to(tl.int32)) < take))
+    keep_i = keep.to(tl.int32)
+    _store_words(out_row, offset + _line_positions(keep_i), score, local, keep, N, PLANES)
+    return tl.sum(tl.sum(keep_i, axis=1), axis=0), ties
+
+
+@triton.jit
+def _write_span(out_row, logits_ptr, row, logits_stride, span, blocks, end, threshold, quota, offset, ties_before,
+                kept, equal, KNOWN: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr):
+    """The span's blocks' kept tokens, in order, from slot ``offset``; the
+    row's first ``quota`` threshold ties are kept, ``ties_before`` of them
+    lie before the span. With KNOWN, ``kept`` and ``equal`` hold each
+    block's count of kept tokens and of ties ([BLOCKS_P2], from the filter),
+    and blocks with none to keep read nothing."""
+    b = tl.arange(0, BLOCKS_P2)
+    for j in tl.static_range(SPAN):
+        block = span * SPAN + j
+        if block < blocks:
+            if KNOWN:
+                mine = b == block
+                if tl.sum(tl.where(mine, kept, 0), axis=0) > 0:
+                    _write_block(out_row, logits_ptr, row, logits_stride, block, end, threshold,
+                                 tl.maximum(quota - ties_before, 0), offset, N, PLANES)
+                offset += tl.sum(tl.where(mine, kept, 0), axis=0)
+                ties_before += tl.sum(tl.where(mine, equal, 0), axis=0)
+            else:
+                written, ties = _write_block(out_row, logits_ptr, row, logits_stride, block, end, threshold,
+                                             tl.maximum(quota - ties_before, 0), offset, N, PLANES)
+                offset += written
+                ties_before += ties
+
+
+@triton.jit
+def _candidates(regions, slot, total, counts, ends, BLOCKS_P2: tl.constexpr, REGION: tl.constexpr):
+    """(local id, ord16 score, valid) of candidates ``slot`` (in ascending
+    local id) of a row whose blocks wrote their candidates' words to their
+    regions: a binary search over the blocks' inclusive ends (``ends``, held
+    in registers with the ``counts``) finds the block of each slot, the first
+    whose end is past it. A word holds the id's low 16 bits; the block gives
+    the others (a block never straddles 2^16)."""
+    block = tl.zeros(slot.shape, dtype=tl.int32)
+    for k in tl.static_range(20):  # halving steps BLOCKS_P2 / 2, ..., 1 (compile-time)
+        if (BLOCKS_P2 >> (k + 1)) > 0:
+            probe = block + (BLOCKS_P2 >> (k + 1))
+            block = tl.where(tl.gather(ends, probe - 1, 0) <= slot, probe, block)
+    start = tl.gather(ends, block, 0) - tl.gather(counts, block, 0)
+    valid = slot < total
+    word = tl.load(regions + block.to(tl.int64) * REGION + slot - start, mask=valid, other=0)
+    local = ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF))
+    return local, (word >> 16) & 0xFFFF, valid
+
+
+@triton.jit
+def _select_listed(out_row, regions, listed, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                   REGION: tl.constexpr, TILE: tl.constexpr):
+    """The packed top-N of a row's candidates (at most two tiles of them,
+    in ascending local id): held in one tile, or walked tile by tile (two
+    histogram passes, then the compaction)."""
+    ends = tl.cumsum(listed, axis=0)
+    total = tl.sum(listed, axis=0)
+    zero = tl.zeros((), dtype=tl.int32)
+    if total <= TILE:
+        local, score, valid = _candidates(regions, tl.arange(0, TILE), total, listed, ends, BLOCKS_P2, REGION)
         threshold, ties_taken = _tile_threshold(score, valid, N)
-        tl.debug_barrier()
-        zero = tl.zeros((), dtype=tl.int32)
         _compact(out_row, local, score, valid, threshold, ties_taken, zero, zero, N, PLANES)
-    elif complete:  # more candidates than one tile: walk the list
-        _walk(in_row, scratch, counts, ends, total, out_row, N, PLANES, True, BLOCKS, BLOCKS_P2, REGION, TILE)
     else:
-        pack_row(in_row, _row_end(row_ends_ptr, row, width_limit), out_row, N, PLANES, ROW_BLOCK)
+        high = tl.zeros((256,), dtype=tl.int32)
+        for start in range(0, 2 * TILE, TILE):
+            local, score, valid = _candidates(regions, start + tl.arange(0, TILE), total, listed, ends, BLOCKS_P2,
+                                              REGION)
+            high += _histogram(score, valid, 0, False)
+        high_bucket, above_high, in_high = radix_boundary(high, N)
+        low = tl.zeros((256,), dtype=tl.int32)
+        for start in range(0, 2 * TILE, TILE):
+            local, score, valid = _candidates(regions, start + tl.arange(0, TILE), total, listed, ends, BLOCKS_P2,
+                                              REGION)
+            low += _histogram(score, valid, high_bucket, True)
+        threshold, ties_taken = _threshold(high_bucket, above_high, low, N)
+        kept = zero
+        ties_seen = zero
+        for start in range(0, 2 * TILE, TILE):
+            local, score, valid = _candidates(regions, start + tl.arange(0, TILE), total, listed, ends, BLOCKS_P2,
+                                              REGION)
+            kept, ties_seen = _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen, N,
+                                       PLANES)
+
+
+@triton.jit
+def _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, WORDS: tl.constexpr,
+             WORLD: tl.constexpr, LIST: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
+    """A finished row to every peer, then its flag raised there (WORLD > 0):
+    round 1's into the gather buffers, a pushed list into the receive
+    slots. Without peers (the pack alone) nothing."""
     if WORLD > 0:
         tl.debug_barrier()  # the whole row, plane bits included, is written before any thread reads it
         epoch = tl.load(epochs_ptr + row) + 1
-        push_row(out_row, row, epoch, gather_ptrs, flag_ptrs, max_rows, rank, words, WORLD, 1024)
+        if LIST:
+            push_list(out_ptr + offset, offset, row, rank, epoch, peer_ptrs, flag_ptrs, pes_ptr, max_rows, WORDS, WORLD,
+                      LIBRARY_PEERS, 1024)
+        else:
+            push_row(out_ptr + offset, row, epoch, peer_ptrs, flag_ptrs, max_rows, rank, WORDS, WORLD, 1024)
 
 
-MAX_GROUPS = 2048  # group tops ranked: a histogram of at most 2048 values
-MAX_TOKEN_GROUPS = 512  # tokens ranked: at most 4096
-ESTIMATE_WARPS = 8
-FILTER_BLOCK = 4096  # a power of two up to 2^16: the finish rebuilds ids from a candidate's block
-FILTER_WARPS = 4
-FINISH_WARPS = 8
-ROW_BLOCK = 4096
-MAX_TILE = 4096
+@triton.jit
+def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arrivals_ptr, epochs_ptr, peer_ptrs,
+                  flag_ptrs, pes_ptr, logits_stride, width_limit, scratch_stride, max_rows, rank,
+                  N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
+                  REGION: tl.constexpr, BLOCKS_P2: tl.constexpr, TILE: tl.constexpr, WORLD: tl.constexpr,
+                  LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+    """Settles the row from the filter's counts: the first span selects from
+    the candidates, every block with tokens to keep writes them, or every
+    span histograms its high bytes for the radix steps."""
+    after_prior_kernel(PDL)
+    span = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    spans = tl.num_programs(0)
+    words: tl.constexpr = N + PLANES * (N // 32)
+    active, offset = _target(row, sat_ptr, rank, words, SLOTS, LIST)
+    if active:
+        scratch = scratch_ptr + row * scratch_stride
+        end = _row_end(row_ends_ptr, row, width_limit)
+        blocks = tl.cdiv(tl.maximum(width_limit, 1), BLOCK)
+        mode, listed, threshold, quota, greater, equal = _settle(scratch, blocks, N, 2 * TILE, BLOCKS_P2)
+        if span == 0:
+            tl.store(scratch + MODE, mode)
+        if mode == LISTED:
+            if span == 0:
+                regions = scratch + HEADER + BLOCKS_P2 * COUNT_FIELDS + BLOCKS_P2 * 512
+                _select_listed(out_ptr + offset, regions, listed, N, PLANES, BLOCKS_P2, REGION, TILE)
+                _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, words, WORLD,
+                         LIST, LIBRARY_PEERS)
+        elif mode == EXACT:
+            b = tl.arange(0, BLOCKS_P2)
+            take = tl.minimum(tl.maximum(quota - (tl.cumsum(equal, axis=0) - equal), 0), equal)
+            kept = greater + take
+            before = b < span * SPAN
+            mine = (b >= span * SPAN) & (b < span * SPAN + SPAN)
+            if tl.sum(tl.where(mine, kept, 0), axis=0) > 0:  # spans with nothing to keep read nothing
+                _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span, blocks, end, threshold, quota,
+                            tl.sum(tl.where(before, kept, 0), axis=0), tl.sum(tl.where(before, equal, 0), axis=0),
+                            kept, equal, True, N, PLANES, BLOCKS_P2)
+            if WORLD > 0:
+                if last_to_arrive(arrivals_ptr + row, spans):
+                    _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, words,
+                             WORLD, LIST, LIBRARY_PEERS)
+        else:
+            _span_histogram(scratch, logits_ptr, row, logits_stride, span, blocks, end, 0, 0, False, BLOCKS_P2)
 
 
-def _token_share(reached: float, tops: bool) -> float:
-    """The share of a row's tokens at or above a score that a share
-    ``reached`` of the estimate's values (group tops, or tokens) reach."""
-    return 1 - (1 - reached) ** 0.125 if tops else reached
+# -------------------------------------------------------------------- radix
 
 
-def candidate_plan(local_topk: int, width: int) -> tuple[int, bool, int, int]:
-    """(groups, tops, tile, room) for rows of ``width``: the groups of 8
-    tokens the estimate reads and whether it ranks their top scores or all
-    their tokens, the candidates the finish holds in registers at once, and
-    how many a row may have before it falls back to the whole-row walk
-    (between tile and room the finish walks them tile by tile). The
-    finish's time follows its tile and the estimate's its histogram, so the
-    plan is the smallest tile that holds a row's candidates with four
-    standard deviations to spare, then the fewest values ranked.
-    Sampled, tau is the need-th largest value (``estimate_kernel``); about
-    need + 4 sqrt(need) of the values reach it at most, so a share f of the
-    groups' tops means a share 1 - (1 - f)^(1/8) of the tokens, and of all
-    their tokens, f of them. Read whole, tau is the N-th largest value: of
-    group tops, a group seldom holds a second token that high. Tiles are at
-    least 256 (a token per thread) and at most MAX_TILE (registers)."""
-    share = min(local_topk / max(width, 1), 1.0)
-    best = None
-    for tops in (True, False):
-        groups = 256
-        while groups <= (MAX_GROUPS if tops else MAX_TOKEN_GROUPS):
-            values = groups if tops else 8 * groups
-            whole = 8 * groups >= width
-            if whole:
-                candidates = min(2 * width * _token_share(min(8 * share, 1.0) if tops else share, tops), width)
-            else:
-                expected = values * ((1 - (1 - share) ** 8) if tops else share)
-                need = math.ceil(expected + 5 * math.sqrt(expected)) + 4
-                candidates = width * _token_share(min((need + 4 * math.sqrt(need)) / values, 1.0), tops)
-            tile = triton.next_power_of_2(max(math.ceil(candidates), 256))
-            if best is None or (tile, values) < (best[2], best[3]):
-                best = groups, tops, tile, values
-            if whole:
-                break
-            groups *= 2
-    tile = min(best[2], MAX_TILE)
-    return best[0], best[1], tile, 2 * tile
+@triton.jit
+def _span_histogram(scratch, logits_ptr, row, logits_stride, span, blocks, end, high, AT: tl.constexpr,
+                    SELECT_LOW: tl.constexpr, BLOCKS_P2: tl.constexpr):
+    """The span's histogram of the high byte of its scores (or, with
+    SELECT_LOW, of the low byte of those whose high byte is ``high``), to
+    word AT of the span's pair of histograms."""
+    hist = tl.zeros((256,), dtype=tl.int32)
+    for j in tl.static_range(SPAN):
+        block = span * SPAN + j
+        if block < blocks:
+            x, _ = _block_tokens(logits_ptr, row, logits_stride, block, end)
+            score = tl.reshape(_order(x), (BLOCK,))
+            hist += _histogram(score, score != 0, high, SELECT_LOW)
+    tl.store(scratch + HEADER + BLOCKS_P2 * COUNT_FIELDS + span * 512 + AT + tl.arange(0, 256), hist)
 
 
-def _warps(least: int, tile: int) -> int:
-    """Warps of a program that holds ``tile`` tokens in registers: at least
-    ``least``, and enough that a thread holds at most 8 (the finish at a
-    tile of 4096 ran about 1 us faster with 16 warps than with 8 in the
-    constants sweep of commit 80a3d99, and does not spill)."""
-    return max(least, tile // 256)
+@triton.jit
+def _summed(histograms, spans, AT: tl.constexpr):
+    """The spans' 256-bin histograms at word AT of each pair, summed."""
+    total = tl.zeros((256,), dtype=tl.int32)
+    s = 0
+    while s < spans:  # a while loop: the bound is a run-time scalar
+        total += tl.load(histograms + s * 512 + AT + tl.arange(0, 256))
+        s += 1
+    return total
 
 
-def _estimate_warps(groups: int) -> int:
-    """Warps of the estimate: a thread loads at most 4 groups."""
-    return max(ESTIMATE_WARPS, groups // 128)
+@triton.jit
+def radix_low_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride,
+                     rank, N: tl.constexpr, LIST: tl.constexpr, BLOCKS_P2: tl.constexpr, PDL: tl.constexpr):
+    """Radix rows: the boundary bucket of the high byte over the row, then
+    the span's histogram of the low byte inside it."""
+    after_prior_kernel(PDL)
+    span = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    if _target(row, sat_ptr, rank, 1, 1, LIST)[0]:
+        scratch = scratch_ptr + row * scratch_stride
+        if tl.load(scratch + MODE) == RADIX:
+            high, _, _ = radix_boundary(_summed(scratch + HEADER + BLOCKS_P2 * COUNT_FIELDS, tl.num_programs(0), 0), N)
+            _span_histogram(scratch, logits_ptr, row, logits_stride, span, tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
+                            _row_end(row_ends_ptr, row, width_limit), high, 256, True, BLOCKS_P2)
 
 
-def _planes(out, local_topk: int) -> int:
-    return (out.shape[1] - local_topk) // (local_topk // 32)
+@triton.jit
+def radix_write_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arrivals_ptr, epochs_ptr, peer_ptrs,
+                       flag_ptrs, pes_ptr, logits_stride, width_limit, scratch_stride, max_rows, rank,
+                       N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
+                       BLOCKS_P2: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+    """Radix rows: the threshold from the two byte histograms, each span's
+    tokens above it and tied with it from its own, then its kept tokens."""
+    after_prior_kernel(PDL)
+    span = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    spans = tl.num_programs(0)
+    words: tl.constexpr = N + PLANES * (N // 32)
+    active, offset = _target(row, sat_ptr, rank, words, SLOTS, LIST)
+    if active:
+        scratch = scratch_ptr + row * scratch_stride
+        if tl.load(scratch + MODE) == RADIX:
+            histograms = scratch + HEADER + BLOCKS_P2 * COUNT_FIELDS
+            high, above_high, _ = radix_boundary(_summed(histograms, spans, 0), N)
+            low, above_low, _ = radix_boundary(_summed(histograms, spans, 256), N - above_high)
+            quota = N - above_high - above_low
+            digit = tl.arange(0, 256)
+            start = tl.zeros((), dtype=tl.int32)
+            ties_before = tl.zeros((), dtype=tl.int32)
+            s = 0
+            while s < span:
+                high_hist = tl.load(histograms + s * 512 + digit)
+                low_hist = tl.load(histograms + s * 512 + 256 + digit)
+                equal = tl.sum(tl.where(digit == low, low_hist, 0), axis=0)
+                start += (tl.sum(tl.where(digit > high, high_hist, 0), axis=0)
+                          + tl.sum(tl.where(digit > low, low_hist, 0), axis=0)
+                          + tl.minimum(tl.maximum(quota - ties_before, 0), equal))
+                ties_before += equal
+                s += 1
+            _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span,
+                        tl.cdiv(tl.maximum(width_limit, 1), BLOCK), _row_end(row_ends_ptr, row, width_limit),
+                        high * 256 + low, quota, start, ties_before, digit, digit, False, N, PLANES, 256)
+            if WORLD > 0:
+                if last_to_arrive(arrivals_ptr + row, spans):
+                    _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, words,
+                             WORLD, LIST, LIBRARY_PEERS)
 
 
-def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, push=None) -> None:
-    """out: int32 [T, N + P*N/32] (P read off its width); logits: [T, S]
-    bf16/fp32 (stride(1) == 1); row_ends: int32 [T]. ``push``, when given,
-    is (epochs, gather_ptrs, flag_ptrs, max_rows, rank, world_size) as
-    ``exchange.push_rows`` takes them (every peer with an address): the
-    finish then pushes each row and raises its flags."""
+# ----------------------------------------------------------------- launcher
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Where finished rows go besides ``out``: every peer (all of them by
+    address, or ``library_peers`` through NVSHMEM's device library, pushed
+    lists only). ``list_slots`` > 0 selects a saturated rank's pushed lists
+    (rows gated by ``sat``, written into receive slots) instead of round-1
+    rows. ``peer_ptrs`` / ``flag_ptrs``: int64 [W] addresses of the peers'
+    gather (or receive) buffers and flags; ``epochs``: int32 [>= T]."""
+
+    epochs: torch.Tensor
+    peer_ptrs: torch.Tensor
+    flag_ptrs: torch.Tensor
+    pes: torch.Tensor
+    max_rows: int
+    rank: int
+    world_size: int
+    sat: torch.Tensor | None = None
+    list_slots: int = 0
+    library_peers: int = 0
+
+
+def _planes(words: int, n: int) -> int:
+    return (words - n) // (n // 32)
+
+
+def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
+                 publish: Publish | None = None) -> None:
+    """The packed local top-``n`` of every row of ``logits`` [T, S] (bf16 or
+    fp32, stride(1) == 1; row_ends int32 [T]) into ``out``: int32
+    [T, n + P*n/32] (round 1), or, for pushed lists, the receive buffer
+    [max_rows, slots, n + P*n/32] (rows where this rank is saturated only).
+    scratch: int32 [>= T, plan(n, max_local_len).scratch_words]; arrivals:
+    int32 [>= T], zero between calls (the kernels leave them so)."""
     rows, width = logits.shape
     if rows == 0:
         return
+    p = plan(n, max_local_len)
     limit = min(width, max_local_len)
-    blocks = max(1, triton.cdiv(limit, FILTER_BLOCK))
-    groups, tops, tile, room = candidate_plan(local_topk, limit)
-    scratch = torch.empty((rows, 1 + blocks + blocks * FILTER_BLOCK), dtype=torch.int32, device=out.device)
-    args = (logits, row_ends, logits.stride(0), limit, scratch.stride(0))
+    blocks = triton.cdiv(max(limit, 1), BLOCK.value)
+    spans = triton.cdiv(blocks, SPAN.value)
+    words = out.shape[-1]
+    pub = publish or Publish(row_ends, row_ends, row_ends, row_ends, 0, 0, 0)
+    listing = pub.list_slots > 0
+    rank = pub.rank
+    row = (logits, row_ends, pub.sat if listing else row_ends, logits.stride(0), limit, scratch.stride(0))
+    target = dict(N=n, PLANES=_planes(words, n), SLOTS=max(pub.list_slots, 1), LIST=listing)
+    peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers,
+                 **(nvshmem_device.launch_options() if pub.library_peers else {}))
+    tail = (arrivals, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, *row[3:], pub.max_rows, rank)
     pdl = dependent_launch(out.device)
-    estimate_kernel[(rows,)](scratch, *args, N=local_topk, GROUPS=groups, TOPS=tops,
-                             num_warps=_estimate_warps(groups), **pdl)
-    filter_kernel[(blocks, rows)](scratch, *args, BLOCKS=blocks, BLOCK=FILTER_BLOCK, num_warps=FILTER_WARPS,
-                                  **pdl)
-    epochs, gather_ptrs, flag_ptrs, max_rows, rank, world_size = push or (row_ends, row_ends, row_ends, 0, 0, 0)
-    finish_kernel[(rows,)](out, scratch, *args, epochs, gather_ptrs, flag_ptrs, max_rows, rank, N=local_topk,
-                           PLANES=_planes(out, local_topk), BLOCKS=blocks, BLOCKS_P2=triton.next_power_of_2(blocks),
-                           REGION=FILTER_BLOCK, TILE=tile, ROOM=room, ROW_BLOCK=ROW_BLOCK, WORLD=world_size,
-                           num_warps=_warps(FINISH_WARPS, tile), **pdl)
+    estimate_kernel[(rows,)](out, scratch, *row, rank, N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing,
+                             GROUPS=p.groups, ROOM=p.room, num_warps=ESTIMATE_WARPS, **pdl)
+    filter_kernel[(blocks, rows)](scratch, *row, rank, REGION=p.region, BLOCKS_P2=p.blocks_p2, LIST=listing,
+                                  num_warps=FILTER_WARPS, **pdl)
+    finish_kernel[(spans, rows)](out, scratch, *row[:3], *tail, **target, REGION=p.region, BLOCKS_P2=p.blocks_p2,
+                                 TILE=p.tile, **peers, num_warps=max(SPAN_WARPS, p.tile // 256), **pdl)
+    radix_low_kernel[(spans, rows)](scratch, *row, rank, N=n, LIST=listing, BLOCKS_P2=p.blocks_p2,
+                                    num_warps=SPAN_WARPS, **pdl)
+    radix_write_kernel[(spans, rows)](out, scratch, *row[:3], *tail, **target, BLOCKS_P2=p.blocks_p2, **peers,
+                                      num_warps=SPAN_WARPS, **pdl)
+
+
+def scratch_for(rows: int, n: int, max_local_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scratch, arrivals) for ``select_local`` over ``rows`` rows."""
+    return (torch.empty((rows, plan(n, max_local_len).scratch_words), dtype=torch.int32, device=device),
+            torch.zeros(rows, dtype=torch.int32, device=device))
+
+
+def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, push: Publish | None = None,
+         scratch=None) -> None:
+    """Round 1: out int32 [T, N + P*N/32] (P read off its width). ``push``,
+    when given (every peer reached by address), also pushes each finished
+    row to every peer's gather buffer and raises its flag. ``scratch``:
+    (scratch, arrivals) as ``scratch_for`` makes them."""
+    scratch, arrivals = scratch or scratch_for(logits.shape[0], local_topk, max_local_len, out.device)
+    select_local(out, logits, row_ends, n=local_topk, max_local_len=max_local_len, scratch=scratch,
+                 arrivals=arrivals, publish=push)
 
 
 @triton.jit
@@ -488,8 +816,7 @@ def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_ends_ptr, logits_strid
         inside = (local >= 0) & (local < end)
         bits = score_bits(logits_ptr + row * logits_stride + tl.where(inside, local, 0), inside)
         present = inside & ~is_nan_bits(bits)
-        word = (ord16(bits).to(tl.int64) << 16) | (0xFFFF - (local & 0xFFFF))
-        tl.store(out_row + slot, tl.where(present, word, 0).to(tl.int32), mask=in_range)
+        tl.store(out_row + slot, tl.where(present, packed_word(ord16(bits), local), 0), mask=in_range)
         for p in tl.static_range(PLANES):
             bit = tl.where(present, (local >> (16 + p)) & 1, 0)
             plane = tl.sum((bit << lane[None, :]).to(tl.int64), axis=1).to(tl.int32)
@@ -502,5 +829,5 @@ def pack_indices(out, logits, local_idx, row_ends, *, max_local_len: int) -> Non
     if rows == 0:
         return
     pack_indices_kernel[(rows,)](out, logits, local_idx, row_ends, logits.stride(0), local_idx.stride(0),
-                                 min(width, max_local_len), N=n, PLANES=_planes(out, n),
+                                 min(width, max_local_len), N=n, PLANES=_planes(out.shape[1], n),
                                  GROUPS=8, num_warps=4, **dependent_launch(out.device))

@@ -2,8 +2,8 @@
 
 Select: wait for every rank's round-1 row of this epoch, decode the W*N
 keys, find the K-th key (kappa) exactly, emit ids / owned rows in candidate
-order, store the saturation state and, on a saturated rank, build its local
-top-K into its receive slot on every rank and release the rescue flags.
+order and store the saturation state (a saturated rank's local top-K is
+then built and pushed by ``pack.select_local``, spread over the row).
 Rescue: rows with an empty mask cost one load; the others wait for the
 saturated ranks' lists and select again over {unsaturated words >= kappa}
 U {pushed lists}. Both emit through ``keys.emit_selected``, so equal
@@ -16,9 +16,7 @@ import triton.language as tl
 
 from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, TIE_TILE, decode_keys, emit_selected, kth_largest,
                    radix_boundary, radix_digit_histogram)
-from . import nvshmem_device
-from .exchange import gather_slot, release_peers, store_to_peers
-from .pack import pack_row
+from .exchange import gather_slot
 from .sync import after_prior_kernel, dependent_launch, record_timeout, wait_flags_at_least
 
 
@@ -38,19 +36,15 @@ def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr,
 
 
 @triton.jit
-def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, ties_ptr,
-                  gather_ptr, flags_ptr, epochs_ptr, recv_ptrs, flag_ptrs, pes_ptr, logits_ptr, row_ends_ptr,
-                  req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows,
-                  rows_stride, logits_stride, width_limit, max_rows, rank, max_spins,
-                  TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
-                  WORLD: tl.constexpr, WORLD_P2: tl.constexpr, N_P2: tl.constexpr,
-                  INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
-                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, LIBRARY_PEERS: tl.constexpr,
-                  BLOCK: tl.constexpr, PDL: tl.constexpr):
+def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, ties_ptr, gather_ptr, flags_ptr, epochs_ptr,
+                  req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride,
+                  max_rows, rank, max_spins,
+                  TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
+                  WORLD_P2: tl.constexpr, N_P2: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr,
+                  EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     words: tl.constexpr = N + PLANES * (N // 32)
-    push_words: tl.constexpr = TOPK + PLANES * (TOPK // 32)
     epoch = tl.load(epochs_ptr + row) + 1
     if _wait_all(flags_ptr, (1 << WORLD) - 1, row, epoch, max_rows, max_spins, status_ptr, WORLD, WORLD_P2):
         sender = tl.arange(0, WORLD_P2)
@@ -70,22 +64,6 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, ties_ptr,
         saturated = (taken == N) & (sender < WORLD)
         mask = tl.sum(tl.where(saturated, tl.full((WORLD_P2,), 1, tl.int64) << sender, 0), axis=0)
         tl.store(sat_ptr + row, (mask << SAT_MASK_SHIFT) | kappa)
-        if SLOTS > 0:
-            if ((mask >> rank) & 1) != 0:
-                mine = tl.sum(tl.where(saturated & (sender < rank), 1, 0), axis=0)
-                offset = (row * SLOTS + mine) * push_words
-                local_recv = tl.load(recv_ptrs + rank).to(tl.pointer_type(tl.int32)) + offset
-                end = tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit)
-                pack_row(logits_ptr + row * logits_stride, end, local_recv, TOPK, PLANES, BLOCK)
-                tl.debug_barrier()
-                store_to_peers(local_recv, recv_ptrs, offset, rank, push_words, WORLD, LIBRARY_PEERS, BLOCK)
-                flag = (WORLD + rank) * max_rows + row  # this rank's rescue flag of the row
-                if LIBRARY_PEERS != 0:  # the same slot of the symmetric receive buffer on those PEs
-                    nvshmem_device.put_then_flag(local_recv.to(tl.int64), local_recv.to(tl.int64),
-                                                 tl.full((), push_words * 4, tl.int64),
-                                                 tl.load(flag_ptrs + rank) + flag * 4, epoch, pes_ptr, WORLD,
-                                                 LIBRARY_PEERS)
-                release_peers(flag_ptrs, flag, epoch, WORLD, LIBRARY_PEERS)
 
 
 @triton.jit
@@ -111,18 +89,44 @@ def _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_ro
 
 
 @triton.jit
-def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_ptr,
+def _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, KEYS: tl.constexpr,
+                       TILE: tl.constexpr, TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
+                       SLOTS: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
+    """The rescue's candidates >= kappa, in candidate order (rank by rank:
+    a saturated rank's pushed list, another's round-1 words), into
+    ``selected_row`` (its first KEYS); returns how many there are. The
+    top-K lies among them: round 1 selected K keys >= kappa, and every one
+    is in the union (a saturated rank's N words are in its list)."""
+    count = tl.zeros((), dtype=tl.int32)
+    for q in range(WORLD):
+        length = tl.where(((mask >> q) & 1) != 0, TOPK, N)
+        start = 0
+        while start < length:
+            tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, TOPK, N,
+                                PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
+            take = ((tile >= kappa) & (tile != 0)).to(tl.int32)
+            pos = count + tl.cumsum(take, axis=0) - take
+            tl.store(selected_row + pos, tile, mask=(take != 0) & (pos < KEYS))
+            count += tl.sum(take, axis=0)
+            start += TILE
+    return count
+
+
+@triton.jit
+def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_ptr, ties_ptr,
                   gather_ptr, flags_ptr, epochs_ptr, recv_ptr,
                   req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows,
                   rows_stride, max_rows, rank, max_spins,
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
-                  WORLD: tl.constexpr, WORLD_P2: tl.constexpr, TOPK_P2: tl.constexpr, TILE: tl.constexpr,
+                  WORLD: tl.constexpr, WORLD_P2: tl.constexpr, KEYS: tl.constexpr, TILE: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
                   EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
-    """The candidates (up to W * max(N, K)) are streamed rank by rank in
-    tiles, never held at once: a radix select summed over the tiles finds
-    the K-th key, the selected keys are compacted into ``selected_ptr``
-    ([T, K] int64 scratch) in candidate order, and one emit writes them."""
+    """Rows with saturated ranks: the candidates >= kappa are compacted into
+    ``selected_ptr`` ([T, KEYS] int64 scratch) in candidate order and,
+    when at most KEYS, selected in registers as the select does (its
+    ``kth_largest`` and emit). More than KEYS (many saturated ranks): they
+    are streamed rank by rank in tiles instead, a radix select summed over
+    the tiles finds the K-th key, and the selected keys are compacted."""
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     epoch = tl.load(epochs_ptr + row) + 1
@@ -134,42 +138,57 @@ def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_pt
                        WORLD_P2)
         if ok:
             kappa = sat & SAT_KAPPA_MASK
-            segment: tl.constexpr = max(N, TOPK)
-            top: tl.constexpr = (16 + GID_BITS + 7) // 8 * 8
-            prefix = tl.zeros((), dtype=tl.int64)
-            need = tl.full((), TOPK, tl.int32)  # loop-carried values keep one type
-            total = tl.zeros((), dtype=tl.int32)
-            for d in range(top // 8):
-                shift = top - 8 - 8 * d
-                hist = tl.zeros((256,), dtype=tl.int32)
+            selected_row = selected_ptr + row * KEYS
+            count = _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, KEYS,
+                                       TILE, TOPK, N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
+            tl.debug_barrier()  # the block's stores are seen by all its threads
+            if count <= KEYS:
+                slot = tl.arange(0, KEYS)
+                keys = tl.load(selected_row + slot, mask=slot < count, other=0)[None, :]
+                kth, selected = kth_largest(keys, TOPK, 16 + GID_BITS, ties_ptr + row * TIE_TILE)
+            else:
+                kth = _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, TOPK, N, PLANES,
+                                    SLOTS, WORLD, INTERLEAVE, GID_BITS)
+                selected = tl.zeros((), dtype=tl.int32)
                 for q in range(WORLD):
-                    for start in range(0, segment, TILE):
+                    for start in range(0, max(N, TOPK), TILE):
                         tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows,
                                             TILE, TOPK, N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
-                        hist += radix_digit_histogram(tile, prefix, shift)
-                if d == 0:
-                    total = tl.sum(hist, axis=0)
-                chosen, above, _ = radix_boundary(hist, need)
-                need -= above
-                prefix |= chosen.to(tl.int64) << shift
-            kth = tl.where(total >= TOPK, prefix, 0)
-            selected_row = selected_ptr + row * TOPK
-            count = tl.zeros((), dtype=tl.int32)
-            for q in range(WORLD):
-                for start in range(0, segment, TILE):
-                    tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows,
-                                        TILE, TOPK, N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
-                    take = ((tile >= kth) & (tile != 0)).to(tl.int32)
-                    tl.store(selected_row + count + tl.cumsum(take, axis=0) - take, tile, mask=take != 0)
-                    count += tl.sum(take, axis=0)
-            tl.debug_barrier()
-            slot = tl.arange(0, TOPK_P2)
-            keys = tl.load(selected_row + slot, mask=slot < count, other=0)
-            emit_selected(keys[None, :], 1, count, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr,
-                          table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank,
-                          TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
+                        take = ((tile >= kth) & (tile != 0)).to(tl.int32)
+                        tl.store(selected_row + selected + tl.cumsum(take, axis=0) - take, tile, mask=take != 0)
+                        selected += tl.sum(take, axis=0)
+                tl.debug_barrier()
+                slot = tl.arange(0, KEYS)
+                keys = tl.load(selected_row + slot, mask=slot < selected, other=0)[None, :]
+                kth = tl.full((), 1, tl.int64)  # every key left is selected
+            emit_selected(keys, kth, selected, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
+                          num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank, TOPK, WORLD, INTERLEAVE,
+                          GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
     if ok:
         tl.store(epochs_ptr + row, epoch)
+
+
+@triton.jit
+def _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE: tl.constexpr, TOPK: tl.constexpr,
+                  N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, WORLD: tl.constexpr,
+                  INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
+    """The K-th key of the rescue's candidates, by a radix select over the
+    tiles streamed rank by rank (8-bit digits from the key's top)."""
+    top: tl.constexpr = (16 + GID_BITS + 7) // 8 * 8
+    prefix = tl.zeros((), dtype=tl.int64)
+    need = tl.full((), TOPK, tl.int32)  # loop-carried values keep one type
+    for d in range(top // 8):
+        shift = top - 8 - 8 * d
+        hist = tl.zeros((256,), dtype=tl.int32)
+        for q in range(WORLD):
+            for start in range(0, max(N, TOPK), TILE):
+                tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, TOPK,
+                                    N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
+                hist += radix_digit_histogram(tile, prefix, shift)
+        chosen, above, _ = radix_boundary(hist, need)
+        need -= above
+        prefix |= chosen.to(tl.int64) << shift
+    return prefix
 
 
 def _p2(n: int) -> int:
@@ -190,26 +209,29 @@ def _out_args(ids, rows, fallback):
 SELECT_WARPS = 8
 
 
-def select(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, recv_ptrs, flag_ptrs, pes,
-           library_peers, logits, row_ends, max_local_len, max_rows, rank, world_size, topk, local_topk, planes,
-           slots, interleave, gid_bits, max_spins) -> None:
+def select(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, max_rows, rank, world_size, topk,
+           local_topk, planes, interleave, gid_bits, max_spins) -> None:
+    """Round 1's select: ids and/or rows of every row and its saturation
+    state (a saturated rank's pushed list is built afterwards, by
+    ``pack.select_local``)."""
     if num_rows == 0:
         return
     out = _out_args(ids, rows, epochs)
-    options = nvshmem_device.launch_options() if library_peers else {}
     ties = torch.empty((num_rows, TIE_TILE), dtype=torch.int64, device=sat.device)
     select_kernel[(num_rows,)](
-        out[0], out[1], out[2], sat, status, ties, gather, flags, epochs, recv_ptrs, flag_ptrs, pes, logits,
-        row_ends, *out[3:], logits.stride(0), min(logits.shape[1], max_local_len),
-        max_rows, rank, max_spins,
-        TOPK=topk, N=local_topk, PLANES=planes, SLOTS=slots, WORLD=world_size,
-        WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
-        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, LIBRARY_PEERS=library_peers,
-        BLOCK=1024, num_warps=SELECT_WARPS, **options,
-        **dependent_launch(sat.device))
+        out[0], out[1], out[2], sat, status, ties, gather, flags, epochs, *out[3:], max_rows, rank, max_spins,
+        TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=_p2(world_size), N_P2=_p2(local_topk),
+        INTERLEAVE=interleave, GID_BITS=gid_bits, EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None,
+        SORTED=sorted, num_warps=SELECT_WARPS, **dependent_launch(sat.device))
 
 
 RESCUE_TILE = 1024
+
+
+def rescue_keys(topk: int) -> int:
+    """Candidates the rescue selects in registers: one saturated rank's list
+    and the round-1 keys, (K - N) + K, fit twice K."""
+    return max(4096, triton.next_power_of_2(2 * topk))
 
 
 def rescue(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, recv, max_rows, rank,
@@ -217,10 +239,12 @@ def rescue(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, r
     if num_rows == 0:
         return
     out = _out_args(ids, rows, epochs)
-    selected = torch.empty((num_rows, topk), dtype=torch.int64, device=sat.device)
+    keys = rescue_keys(topk)
+    selected = torch.empty((num_rows, keys), dtype=torch.int64, device=sat.device)
+    ties = torch.empty((num_rows, TIE_TILE), dtype=torch.int64, device=sat.device)
     rescue_kernel[(num_rows,)](
-        out[0], out[1], out[2], sat, status, selected, gather, flags, epochs, recv, *out[3:], max_rows, rank,
+        out[0], out[1], out[2], sat, status, selected, ties, gather, flags, epochs, recv, *out[3:], max_rows, rank,
         max_spins, TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(slots, 1), WORLD=world_size,
-        WORLD_P2=_p2(world_size), TOPK_P2=_p2(topk), TILE=RESCUE_TILE, INTERLEAVE=interleave, GID_BITS=gid_bits,
-        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, num_warps=8,
+        WORLD_P2=_p2(world_size), KEYS=keys, TILE=RESCUE_TILE, INTERLEAVE=interleave, GID_BITS=gid_bits,
+        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, num_warps=min(16, keys // 256),
         **dependent_launch(sat.device))

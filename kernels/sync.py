@@ -58,6 +58,19 @@ def release_flags(flag_ptrs, value, mask):
     tl.atomic_xchg(flag_ptrs, value, mask=mask, sem="release", scope="sys")
 
 
+@triton.jit
+def last_to_arrive(counter_ptr, arrivals):
+    """Whether this program is the last of ``arrivals`` programs (each
+    calling once, after its stores) to arrive at ``counter_ptr``: the one
+    that then sees every other's stores, and that resets the counter for the
+    next kernel. Nothing waits: the others carry on."""
+    tl.debug_barrier()  # the block's stores are ordered before its arrival
+    last = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == arrivals - 1
+    if last:
+        tl.store(counter_ptr, 0)
+    return last
+
+
 EXPIRED_CHECK_SPINS = tl.constexpr(32)
 
 

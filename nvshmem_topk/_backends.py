@@ -191,32 +191,40 @@ class TritonBackend:
 
     @staticmethod
     def pack_and_push(ws: DcpTopkWorkspace, logits, row_ends, out) -> None:
-        """The pack whose finish also pushes each row to every peer (all of
+        """The pack that also pushes each finished row to every peer (all of
         them reached by address) and raises its flags: no push kernel."""
         from .kernels import pack
 
-        pack.pack(out, logits, row_ends, local_topk=ws.local_topk, max_local_len=ws.max_local_len,
-                  push=(ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs, ws.max_rows, ws.rank, ws.world_size))
+        push = pack.Publish(ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
+                            ws.world_size)
+        pack.pack(out, logits, row_ends, local_topk=ws.local_topk, max_local_len=ws.max_local_len, push=push,
+                  scratch=(ws.scratch, ws.arrivals))
 
     @staticmethod
     def _common(ws: DcpTopkWorkspace, rows: int, out: Outputs) -> dict:
         return dict(num_rows=rows, ids=out.ids, rows=out.rows, sorted=out.sorted, sat=ws.sat,
                     status=ws.status, gather=ws.gather.local, flags=ws.flags.local, epochs=ws.epochs,
                     max_rows=ws.max_rows, rank=ws.rank, world_size=ws.world_size, topk=ws.topk,
-                    local_topk=ws.local_topk, planes=ws.planes, slots=ws.slots,
-                    interleave=ws.interleave, gid_bits=ws.gid_bits,
+                    local_topk=ws.local_topk, planes=ws.planes, interleave=ws.interleave, gid_bits=ws.gid_bits,
                     max_spins=max(1, int(ws.timeout_s * SPINS_PER_SECOND[ws.device.type])))
 
     @classmethod
     def select(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
-        from .kernels import select
+        """The select, then, on the rows where this rank is saturated, its
+        local top-K into its receive slot on every rank (spread over the
+        row's blocks like the pack), and the rescue flags raised."""
+        from .kernels import pack, select
 
-        select.select(**cls._common(ws, rows, out), recv_ptrs=ws.recv.peer_ptrs,
-                      flag_ptrs=ws.flags.peer_ptrs, pes=ws.pes, library_peers=ws.library_peers, logits=logits,
-                      row_ends=row_ends, max_local_len=ws.max_local_len)
+        select.select(**cls._common(ws, rows, out))
+        if ws.slots and rows:
+            push = pack.Publish(ws.epochs, ws.recv.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
+                                ws.world_size, sat=ws.sat, list_slots=ws.slots, library_peers=ws.library_peers)
+            pack.select_local(ws.recv.local, logits[:rows], row_ends[:rows], n=ws.topk,
+                              max_local_len=ws.max_local_len, scratch=ws.scratch, arrivals=ws.arrivals,
+                              publish=push)
 
     @classmethod
     def rescue(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
         from .kernels import select
 
-        select.rescue(**cls._common(ws, rows, out), recv=ws.recv.local)
+        select.rescue(**cls._common(ws, rows, out), slots=ws.slots, recv=ws.recv.local)

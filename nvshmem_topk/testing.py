@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from . import format as fmt
+
 NAN, INF = float("nan"), float("inf")
 
 
@@ -85,3 +87,72 @@ def families(world_size: int, seed: int = 0, rows: int = 4, width: int = 512, to
     yield "n_32", indexer_like_logits(shape, gen), ends, k, 32, 1
     yield "interleave_3", indexer_like_logits(shape, gen), short, k, n, 3
     yield "interleave_64_ties", levels[torch.randint(0, 4, shape, generator=gen)], ends, k, n, 64
+
+
+# ------------------------------------------------------------ score families
+# What indexers produce, for benchmarks and tests: every stage's cost must
+# not depend on which of these the scores are (docs/design.md, "Speed").
+
+SCORE_FAMILIES = ("normal", "heavy_tailed", "smooth", "ramp", "few_levels", "all_equal", "sorted_ascending",
+                  "sorted_descending", "mostly_neg_inf", "mostly_zeros", "nan_mixed")
+
+
+def _smooth(rows: int, width: int, generator: torch.Generator, device) -> torch.Tensor:
+    """AR(1) along the row, x_l = 0.99 x_(l-1) + sqrt(1 - 0.99^2) e_l, N(0, 1)
+    marginals: closed form inside blocks of 256, the carry across them."""
+    rho, block = 0.99, 256
+    blocks = -(-width // block)
+    e = torch.randn(rows, blocks, block, generator=generator, device=device, dtype=torch.float64)
+    e[:, :, 1:] *= (1 - rho * rho) ** 0.5
+    e[:, 1:, 0] *= (1 - rho * rho) ** 0.5
+    power = rho ** torch.arange(block, device=device, dtype=torch.float64)
+    x = torch.cumsum(e / power, dim=2) * power
+    carry = torch.zeros(rows, device=device, dtype=torch.float64)
+    for b in range(blocks):
+        x[:, b] += carry[:, None] * power * rho
+        carry = x[:, b, -1]
+    return x.view(rows, blocks * block)[:, :width].float()
+
+
+def family_scores(name: str, rows: int, width: int, generator: torch.Generator, device="cpu") -> torch.Tensor:
+    """bf16 [rows, width] scores of family ``name`` (SCORE_FAMILIES), token l
+    of a row at position l (what depends on position, the ramp, the sorted
+    rows and the masked tail, rises or ends with l)."""
+    shape, kw = (rows, width), dict(generator=generator, device=device)
+    position = torch.arange(width, device=device) / max(width, 1)
+    if name == "normal":
+        x = torch.randn(shape, **kw)
+    elif name == "heavy_tailed":  # Cauchy
+        x = torch.tan(torch.pi * (torch.rand(shape, **kw) - 0.5))
+    elif name == "smooth":
+        x = _smooth(rows, width, generator, device)
+    elif name == "ramp":  # recent tokens score higher
+        x = 4 * position + 0.5 * torch.randn(shape, **kw)
+    elif name == "few_levels":
+        x = torch.randint(-4, 4, shape, **kw).float()
+    elif name == "all_equal":
+        x = torch.ones(shape, device=device)
+    elif name == "sorted_ascending":
+        x = torch.randn(shape, **kw).sort(dim=1).values
+    elif name == "sorted_descending":
+        x = torch.randn(shape, **kw).sort(dim=1, descending=True).values
+    elif name == "mostly_neg_inf":  # a masked tail
+        x = torch.where(position < 1 / 16, torch.randn(shape, **kw), -INF)
+    elif name == "mostly_zeros":  # ReLU-style: 0.6% positive
+        x = torch.relu(torch.randn(shape, **kw) - 2.5)
+    elif name == "nan_mixed":
+        x = torch.randn(shape, **kw)
+        x[torch.rand(shape, **kw) < 0.1] = NAN
+    else:
+        raise ValueError(f"unknown score family {name!r}; one of {SCORE_FAMILIES}")
+    return x.bfloat16()
+
+
+def shard(scores: torch.Tensor, world_size: int, interleave: int = 1) -> torch.Tensor:
+    """Global rows [T, W * S] -> each rank's shard [W, T, S]: global token g
+    lives on rank (g // I) % W at local index (g // (I W)) I + g % I."""
+    rows, total = scores.shape
+    width = total // world_size
+    local = torch.arange(width, device=scores.device)
+    ranks = torch.arange(world_size, device=scores.device)[:, None]
+    return scores[:, fmt.global_id(local, ranks, world_size, interleave)].permute(1, 0, 2).contiguous()

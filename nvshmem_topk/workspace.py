@@ -85,6 +85,12 @@ class DcpTopkWorkspace:
         self.staging = group.alloc_symmetric((max_rows, self.row_words), torch.int32)
         if exchange == "fcollect":
             self.collect_dst = group.alloc_symmetric((w * max_rows * self.row_words,), torch.int32)
+        if impl == "triton":  # the local selections' scratch (pack and pushed lists), left as it was found
+            from .kernels import pack
+
+            words = max(pack.plan(n, max_local_len).scratch_words for n in (local_topk, topk))
+            self.scratch = torch.empty((max_rows, words), dtype=torch.int32, device=self.device)
+            self.arrivals = torch.zeros(max_rows, dtype=torch.int32, device=self.device)
         self.epochs = torch.zeros(max_rows, dtype=torch.int32, device=self.device)
         self.sat = torch.zeros(max_rows, dtype=torch.int64, device=self.device)
         # Host memory the kernels can write (mapped pinned memory on CUDA), so

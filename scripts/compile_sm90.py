@@ -45,33 +45,40 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
         return {name: types.get(name, "constexpr") for name in kernel.arg_names}
 
     outs = dict(EMIT_IDS=True, EMIT_ROWS=True, SORTED=False, INTERLEAVE=1, GID_BITS=gid_bits)
-    rows = dict(logits_ptr=logits, row_ends_ptr=P32, logits_stride=I32, width_limit=I32, scratch_stride=I32)
-    blocks = 32
-    groups, tops, tile, room = pack.candidate_plan(local_topk, blocks * pack.FILTER_BLOCK)
-    yield (pack.estimate_kernel, sig(pack.estimate_kernel, scratch_ptr=P32, **rows),
-           dict(N=local_topk, GROUPS=groups, TOPS=tops), pack._estimate_warps(groups))
-    yield (pack.filter_kernel, sig(pack.filter_kernel, scratch_ptr=P32, **rows),
-           dict(BLOCKS=blocks, BLOCK=pack.FILTER_BLOCK), pack.FILTER_WARPS)
-    yield (pack.finish_kernel, sig(pack.finish_kernel, out_ptr=P32, scratch_ptr=P32, **rows, epochs_ptr=P32,
-                                   gather_ptrs=P64, flag_ptrs=P64, max_rows=I32, rank=I32),
-           dict(N=local_topk, PLANES=planes, BLOCKS=blocks, BLOCKS_P2=blocks, REGION=pack.FILTER_BLOCK,
-                TILE=tile, ROOM=room, ROW_BLOCK=pack.ROW_BLOCK, WORLD=world_size),
-           pack._warps(pack.FINISH_WARPS, tile))
+    row = dict(logits_ptr=logits, row_ends_ptr=P32, sat_ptr=P64, logits_stride=I32, width_limit=I32,
+               scratch_stride=I32, rank=I32)
+    peer_args = dict(arrivals_ptr=P32, epochs_ptr=P32, peer_ptrs=P64, flag_ptrs=P64, pes_ptr=P32, max_rows=I32)
+    for n, listing in ((local_topk, False), (topk, True)):
+        plan = pack.plan(n, 131072)
+        words = n + planes * (n // 32)
+        target = dict(N=n, PLANES=planes, SLOTS=max(topk // local_topk, 1), LIST=listing)
+        peers = dict(WORLD=world_size, LIBRARY_PEERS=library_peers if listing else 0)
+        yield (pack.estimate_kernel, sig(pack.estimate_kernel, out_ptr=P32, scratch_ptr=P32, **row),
+               dict(N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing, GROUPS=plan.groups, ROOM=plan.room),
+               pack.ESTIMATE_WARPS)
+        yield (pack.filter_kernel, sig(pack.filter_kernel, scratch_ptr=P32, **row),
+               dict(REGION=plan.region, BLOCKS_P2=plan.blocks_p2, LIST=listing), pack.FILTER_WARPS)
+        yield (pack.finish_kernel, sig(pack.finish_kernel, out_ptr=P32, scratch_ptr=P32, **row, **peer_args),
+               dict(target, REGION=plan.region, BLOCKS_P2=plan.blocks_p2, TILE=plan.tile, **peers),
+               max(pack.SPAN_WARPS, plan.tile // 256))
+        yield (pack.radix_low_kernel, sig(pack.radix_low_kernel, scratch_ptr=P32, **row),
+               dict(N=n, LIST=listing, BLOCKS_P2=plan.blocks_p2), pack.SPAN_WARPS)
+        yield (pack.radix_write_kernel, sig(pack.radix_write_kernel, out_ptr=P32, scratch_ptr=P32, **row, **peer_args),
+               dict(target, BLOCKS_P2=plan.blocks_p2, **peers), pack.SPAN_WARPS)
     words = local_topk + planes * (local_topk // 32)
     yield (exchange.push_rows_kernel, sig(exchange.push_rows_kernel, packed_ptr=P32, epochs_ptr=P32,
                                           gather_ptrs=P64, flag_ptrs=P64, pes_ptr=P32, max_rows=I32, rank=I32),
            dict(WORDS=words, WORLD=world_size, LIBRARY_PEERS=library_peers, BLOCK=512), 4)
-    common = dict(TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(topk // local_topk, 1), WORLD=world_size)
+    common = dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size)
     yield (select.select_kernel,
            sig(select.select_kernel, **_OUTPUTS, **_ROWS, ties_ptr=P64, gather_ptr=P32, flags_ptr=P32, epochs_ptr=P32,
-               recv_ptrs=P64, flag_ptrs=P64, pes_ptr=P32, logits_ptr=logits, row_ends_ptr=P32,
-               logits_stride=I32, width_limit=I32, max_rows=I32, rank=I32, max_spins=I32),
-           dict(common, WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), LIBRARY_PEERS=library_peers, BLOCK=1024,
-                **outs), select.SELECT_WARPS)
+               max_rows=I32, rank=I32, max_spins=I32),
+           dict(common, WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), **outs), select.SELECT_WARPS)
     yield (select.rescue_kernel,
-           sig(select.rescue_kernel, **_OUTPUTS, **_ROWS, selected_ptr=P64, gather_ptr=P32, flags_ptr=P32,
-               epochs_ptr=P32, recv_ptr=P32, max_rows=I32, rank=I32, max_spins=I32),
-           dict(common, WORLD_P2=_p2(world_size), TOPK_P2=_p2(topk), TILE=select.RESCUE_TILE, **outs), 8)
+           sig(select.rescue_kernel, **_OUTPUTS, **_ROWS, selected_ptr=P64, ties_ptr=P64, gather_ptr=P32,
+               flags_ptr=P32, epochs_ptr=P32, recv_ptr=P32, max_rows=I32, rank=I32, max_spins=I32),
+           dict(common, SLOTS=max(topk // local_topk, 1), WORLD_P2=_p2(world_size), KEYS=select.rescue_keys(topk),
+                TILE=select.RESCUE_TILE, **outs), min(16, select.rescue_keys(topk) // 256))
 
 
 def compile_one(kernel, signature, constexprs, num_warps, extern_libs=None) -> dict:
@@ -108,7 +115,7 @@ def main(device_library: str | None = None) -> list[dict]:
         config = CONFIGS[0]
         jobs += [(config, variant, {"libnvshmem_device": device_library})
                  for variant in variants(*config, library_peers=(1 << config[0]) - 2)
-                 if variant[0] in (exchange.push_rows_kernel, select.select_kernel)]
+                 if variant[0] in (exchange.push_rows_kernel, pack.finish_kernel, pack.radix_write_kernel)]
     for (world_size, topk, local_topk, _), variant, extern_libs in jobs:
         row = dict(compile_one(*variant, extern_libs=extern_libs), W=world_size, K=topk, N=local_topk,
                    device_library=extern_libs is not None)
