@@ -17,7 +17,7 @@ MIN_VALID = tl.constexpr(0x007F)  # ord16 of -inf: every valid score is at least
 def packed_word(score, local):
     """The candidate word (int32) of a token of ord16 ``score`` and local id
     ``local``: the score over the id's low 16 bits, inverted."""
-    return ((score.to(tl.int64) << LOW_BITS) | (0xFFFF - (local & 0xFFFF))).to(tl.int32)
+    return (score.to(tl.int32) << LOW_BITS) | (0xFFFF - (local & 0xFFFF)).to(tl.int32)  # wraps as int32
 
 
 @triton.jit

@@ -283,10 +283,11 @@ def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
     is ranked by one histogram of each score's level below the top level,
     levels of 2 scores; of 32, then 512, only when rank r_lo falls past
     NEAR_BINS - 1 levels (heavy tails, a few outliers, a tie far below a few
-    scores). When one score holds more sampled tokens than r_lo + 16 in the
-    floor's bin (ties: few levels, zeros, masked tails), it is the probe and
-    the floor moves above it; otherwise the probe is the r-th score where
-    more than 8 sampled tokens share its level, else none."""
+    scores). When the floor's bin's highest score, or the one just below it,
+    holds more sampled tokens than r_lo + 16 (ties: few levels, zeros,
+    masked tails), it is the probe and the floor moves above it; otherwise
+    the probe is the r-th score where more than 8 sampled tokens share its
+    level, else none."""
     groups = tl.minimum((SAMPLE_RANK * end + 8 * N - 1) // (8 * N), tl.minimum(end // 8, GROUPS))
     g = tl.arange(0, GROUPS)
     # Groups past ``groups`` re-read the last one (every 16-byte load stays
@@ -310,19 +311,17 @@ def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
             low_bucket, _, _ = radix_boundary(tl.histogram(_near_bin(low_top, score >> shift), NEAR_BINS, mask=valid),
                                               r_lo)
     floor_level = low_top - (NEAR_BINS - 1) + low_bucket
-    in_floor = valid & ((score >> shift) == floor_level)
-    least = tl.min(tl.where(in_floor, score, 0xFFFF), axis=0)
-    most = tl.max(tl.where(in_floor, score, 0), axis=0)
+    most = tl.max(tl.where(valid & ((score >> shift) == floor_level), score, 0), axis=0)
     upper = (top - (NEAR_BINS - 1) + bucket) * 2 + 1
-    counts = tl.sum((valid & (score == upper)).to(tl.int64) | ((valid & (score == least)).to(tl.int64) << 16)
-                    | ((valid & (score == most)).to(tl.int64) << 32), axis=0)
+    counts = tl.sum((valid & (score == upper)).to(tl.int64) | ((valid & (score == most)).to(tl.int64) << 16)
+                    | ((valid & (score == most - 1)).to(tl.int64) << 32), axis=0)
     probe = tl.where(r - above <= (counts & 0xFFFF).to(tl.int32), upper, upper - 1)
     probe = tl.where((bucket > 0) & (in_level > 8), probe, 0)
     floor = tl.where(low_bucket >= 0, floor_level << shift, 0)
-    at_least = ((counts >> 16) & 0xFFFF).to(tl.int32)
-    at_most = (counts >> 32).to(tl.int32)
-    if (low_bucket >= 0) & (tl.maximum(at_least, at_most) > r_lo + 16):
-        probe = tl.where(at_most >= at_least, most, least)
+    at_most = ((counts >> 16) & 0xFFFF).to(tl.int32)
+    below_most = (counts >> 32).to(tl.int32)
+    if (low_bucket >= 0) & (tl.maximum(at_most, below_most) > r_lo + 16):
+        probe = tl.where(at_most >= below_most, most, most - 1)
         floor = probe + 1
     return probe, floor
 
@@ -748,13 +747,14 @@ def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, 
     fp32, stride(1) == 1; row_ends int32 [T]) into ``out``: int32
     [T, n + P*n/32] (round 1), or, for pushed lists, the receive buffer
     [max_rows, slots, n + P*n/32] (rows where this rank is saturated only).
-    scratch: int32 [>= T, plan(n, max_local_len).scratch_words]; arrivals:
+    scratch: int32 [>= T, plan(n, max_local_len).scratch_words] (enough for
+    any narrower call, which is planned for its own width); arrivals:
     int32 [>= T], zero between calls (the kernels leave them so)."""
     rows, width = logits.shape
     if rows == 0:
         return
-    p = plan(n, max_local_len)
     limit = min(width, max_local_len)
+    p = plan(n, min(triton.next_power_of_2(max(limit, 1)), max_local_len))
     blocks = triton.cdiv(max(limit, 1), BLOCK.value)
     spans = triton.cdiv(blocks, SPAN.value)
     words = out.shape[-1]

@@ -96,13 +96,16 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=list(SCORE_FAMILIES), choices=SCORE_FAMILIES)
     parser.add_argument("--skip-merge", action="store_true")
     parser.add_argument("--skip-pack", action="store_true")
+    parser.add_argument("--shapes", nargs="+", default=[f"{t}x{s}" for t, s in PACK_SHAPES],
+                        help="pack shapes as TxS (default: the four of the acceptance)")
     args = parser.parse_args()
     results = {"gpu": torch.cuda.get_device_name(), "pack": [], "merge": []}
     save = lambda: json.dump(results, open(args.out, "w"), indent=1)
     gen = torch.Generator(device="cuda").manual_seed(0)
     families = ["normal"] + [f for f in args.families if f != "normal"]
     print(f"# {results['gpu']}: microseconds per call (graphs of {CALLS} calls over distinct inputs, medians)")
-    for rows, width in () if args.skip_pack else PACK_SHAPES:
+    shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes]
+    for rows, width in () if args.skip_pack else shapes:
         print(f"pack [{rows}, {width}] N=384   family  pack  vs-normal  torch.topk  exact  kernels (own, no PDL)")
         normal = None
         for family in families:
