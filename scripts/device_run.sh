@@ -12,12 +12,11 @@
 #   branches the kernel benchmark (BENCH_ARGS, default T 8 and 64, S 16384 and 131072), the select alone at
 #            W = 2 to 16 (scripts/bench_select.py) and a short merge benchmark of this checkout and of each
 #            branch staged by scripts/stage_branches.sh (carry .branches; not in the default run)
-#   sweep    the kernels' launch constants on one GPU (scripts/sweep_constants.py; not in the default run)
 #   profile  Nsight Compute over one simulated merge (scripts/profile_kernels.py; not in the default run),
 #            with each kernel's SASS instruction counts and stall samples (scripts/sass_summary.py)
 # Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
 # Logs and results go under $OUT.
-#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch] [branches] [sweep] [profile]
+#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch] [branches] [profile]
 #        (BENCH_ARGS narrows the kernel benchmark, MERGE_ARGS the merge one, TEST_FILES and TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
@@ -78,21 +77,18 @@ for step in $STEPS; do
           scripts/bench_merge.py --rows 1 64 --widths 16384 65536 --iters 100 --out "/tmp/branches/${name}_merge.json"
       done 2>&1 | grep -v -i warn | tee "$OUT/branches.log"
       tar czf "$OUT/branches.tgz" -C /tmp/branches . ;;
-    sweep)
-      timeout 240 python3 scripts/sweep_constants.py --out "$OUT/sweep_constants.json" 2>&1 | grep -v -i warn \
-        | tee "$OUT/sweep_constants.log" ;;
     profile)  # --clock-control none: leave the GPU's clocks as they are
       { timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes \
           -o "$OUT/kernels" -f python3 scripts/profile_kernels.py
         timeout 120 ncu --import "$OUT/kernels.ncu-rep" --print-summary per-kernel
         timeout 120 ncu --import "$OUT/kernels.ncu-rep" --page details --csv > "$OUT/profile_details.csv"
         mkdir -p /tmp/sass  # per-instruction SASS counts and stall samples, one kernel each (scripts/sass_summary.py)
-        for kernel in estimate filter finish select rescue; do
+        for kernel in estimate filter finish radix_low radix_write select rescue; do
           timeout 60 ncu --import "$OUT/kernels.ncu-rep" --page source --print-source sass --csv -k "regex:$kernel" \
             -c 1 > "/tmp/sass/$kernel.csv" && python3 scripts/sass_summary.py "/tmp/sass/$kernel.csv"
         done
         tar czf "$OUT/profile_sass.tgz" -C /tmp/sass .
       } 2>&1 | grep -v -i warn | tee "$OUT/profile.log" | tail -60 ;;
-    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch, branches, sweep, profile)"; exit 2 ;;
+    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch, branches, profile)"; exit 2 ;;
   esac
 done

@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from nvshmem_topk.kernels.keys import TIE_TILE, kth_largest, radix_boundary
-from nvshmem_topk.kernels.pack import _load_tokens, _reaches, _score_floor, _tile_threshold
+from nvshmem_topk.kernels.pack import _block_tokens, _filter_block, _load_tokens, _score_floor, _tile_threshold
 
 
 @triton.jit
@@ -21,15 +21,28 @@ def radix_boundary_kernel(out_ptr, hist_ptr, need_ptr):
 
 
 @triton.jit
-def reaches_kernel(out_ptr, x_ptr, tau_ptr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, WHOLE: tl.constexpr):
-    """Per program: the filter's test ``_reaches`` of every x_ptr[0:WIDTH]
-    against tau_ptr[case], as int8 at out_ptr[case]."""
+def candidate_kernel(out_ptr, x_ptr, floor_ptr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, WHOLE: tl.constexpr):
+    """Per program: the filter's candidate test of every bf16 x_ptr[0:WIDTH]
+    against floor_ptr[case] (the float compare with ``_score_floor``), as
+    int8 at out_ptr[case]."""
     case = tl.program_id(0).to(tl.int64)
-    tau = tl.load(tau_ptr + case)
+    floor = _score_floor(tl.load(floor_ptr + case))
     for start in tl.range(0, WIDTH, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        reached, _ = _reaches(_load_tokens(x_ptr + offs, offs < WIDTH, WHOLE), tau, _score_floor(tau))
-        tl.store(out_ptr + case * WIDTH + offs, reached.to(tl.int8), mask=offs < WIDTH)
+        x = _load_tokens(x_ptr + offs, offs < WIDTH, WHOLE)
+        wide = (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        tl.store(out_ptr + case * WIDTH + offs, (wide >= floor).to(tl.int8), mask=offs < WIDTH)
+
+
+@triton.jit
+def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.constexpr, BLOCKS_P2: tl.constexpr):
+    """The filter's work on block program_id(0) of the one row x_ptr[0:width],
+    with the floor and probe the caller put in the scratch row of case
+    program_id(1): the counts land at the block's place in that row."""
+    block = tl.program_id(0)
+    scratch = scratch_ptr + tl.program_id(1).to(tl.int64) * scratch_stride
+    x, local = _block_tokens(x_ptr, 0, 0, block, width)
+    _filter_block(scratch, x, local, block, REGION, BLOCKS_P2)
 
 
 @triton.jit

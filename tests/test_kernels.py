@@ -41,6 +41,56 @@ def test_kernels_match_reference_stage_by_stage(world_size):
 
 
 @needs_triton
+@pytest.mark.parametrize("interleave", [1, 64])
+def test_score_families_match_reference_stage_by_stage(interleave):
+    """Every score family of the benchmarks (nvshmem_topk.testing), global
+    rows sharded over 4 ranks, rows wide enough that each rank's pack
+    samples them; and one rank holding the best scores (it saturates, so its
+    pushed list and the rescue run)."""
+    from nvshmem_topk.testing import SCORE_FAMILIES, family_scores, shard
+
+    device = "cuda" if not interpreted else "cpu"
+    gen = torch.Generator().manual_seed(interleave)
+    world, rows, width, k = 4, 2, 2560, 256
+    cases = [(name, shard(family_scores(name, rows, world * width, gen), world, interleave))
+             for name in SCORE_FAMILIES]
+    best = shard(family_scores("normal", rows, world * width, gen), world, interleave)
+    best[1] = (best[1].float() + 6).bfloat16()
+    cases.append(("one rank holds the best", best))
+    ends = torch.full((world, rows), width, dtype=torch.int32)
+    for name, logits in cases:
+        got = _same_at_every_stage(logits.to(device), ends.to(device), topk=k, local_topk=96, interleave=interleave)
+        assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, k, interleave), context=name)
+        if name == "one rank holds the best":
+            assert ((got["sat"].cpu() >> 47) == 2).all(), "rank 1 is saturated on every row"
+
+
+@needs_triton
+def test_rescue_with_more_candidates_than_its_tile_matches_reference():
+    """Eight saturated ranks whose boosted scores rise with the rank: every
+    list but the lowest rank's lies wholly above kappa, so the rescue's
+    candidates (more than rescue_keys(K)) are streamed instead of held."""
+    from nvshmem_topk.kernels.select import rescue_keys
+
+    world, width, k, n = 12, 2304, 2048, 256
+    gen = torch.Generator().manual_seed(12)
+    logits = torch.randn(world, 1, width, generator=gen)
+    for q in range(8):
+        logits[q] += 10 + 2 * q
+    logits = logits.bfloat16()
+    ends = torch.full((world, 1), width, dtype=torch.int32)
+    device = "cuda" if not interpreted else "cpu"
+    got = _same_at_every_stage(logits.to(device), ends.to(device), topk=k, local_topk=n)
+    assert (got["sat"].cpu() >> 47).tolist() == [[0xFF]] * world
+    from nvshmem_topk import format as fmt
+
+    kappa_score = (int(got["sat"][0, 0]) & fmt.SAT_KAPPA_MASK) >> got["workspaces"][0].gid_bits
+    listed = fmt.ord16(logits[:8, 0].float().topk(k, dim=1).values.bfloat16().view(torch.int16).int() & 0xFFFF)
+    assert int((listed > kappa_score).sum()) > rescue_keys(k)  # candidates the rescue cannot hold
+    assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, k))
+
+
+@needs_triton
 @pytest.mark.parametrize("world_size", [2, 5])
 def test_merge_whose_finish_pushes_matches_reference(world_size):
     """The merge as a serving call runs it (simulate_dcp_topk_merge, not
@@ -97,30 +147,105 @@ def test_k4096_with_saturation_matches_reference(world_size, width):
     assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, 4096))
 
 
+def _sampled_groups(n: int, width: int) -> torch.Tensor:
+    """The token ids the estimate samples from a row of ``width`` tokens."""
+    from nvshmem_topk.kernels import pack
+
+    groups = min(math.ceil(pack.SAMPLE_RANK.value * width / (8 * n)), width // 8, pack.plan(n, width).groups)
+    starts = (torch.arange(groups) * width) // groups // 8 * 8
+    return (starts[:, None] + torch.arange(8)).flatten()
+
+
 @needs_triton
-@pytest.mark.parametrize("tile,room", [(None, None), (32, 8192), (32, 64)])
-def test_pack_candidates_and_whole_row_walk_match_reference(monkeypatch, tile, room):
-    """Rows of several blocks and a sampled estimate: ties at the threshold
-    straddle blocks. The candidates are held in one tile (default), walked
-    tile by tile (a small ``tile``), or, with little ``room`` for them, the
-    rows fall back to the whole-row walk."""
+def test_pack_every_path_matches_reference(monkeypatch):
+    """Rows of several blocks, each built to settle one way, the way it
+    settles read back from the scratch: from one tile of candidates, from
+    two, exactly on a probed tie (the ties straddling blocks), every valid
+    token (fewer than n), and the radix steps (the sampled groups hold low
+    scores, the rest of the row high ones: the floor lets almost every
+    token through). Planes past 2^16, fp32 scores."""
     from nvshmem_topk import reference
     from nvshmem_topk.kernels import pack
 
-    monkeypatch.setattr(pack, "FILTER_BLOCK", 1024)
-    plan = pack.candidate_plan
-    if tile is not None:
-        monkeypatch.setattr(pack, "candidate_plan", lambda local_topk, width: (*plan(local_topk, width)[:2], tile, room))
+    gen = torch.Generator().manual_seed(6)
     device = "cuda" if not interpreted else "cpu"
-    cases = [c for c in families(1, seed=6, rows=2, width=4500, topk=256) if c[0] != "inf_and_signed_zero"]
-    ascending = torch.linspace(-3, 3, 4500).bfloat16().expand(1, 2, 4500).contiguous()
-    cases.append(("ascending", ascending, cases[0][2], None, cases[0][4], None))
-    for name, logits, ends, _, n, _ in cases:
-        for limit in (4500, 3000):
-            want = reference.pack(logits[0], ends[0], n, limit)
-            got = torch.full_like(want, 123).to(device)
-            pack.pack(got, logits[0].to(device), ends[0].to(device), local_topk=n, max_local_len=limit)
-            assert torch.equal(got.cpu(), want), (name, limit)
+    n, width = 128, 3 * 4096 + 700
+    normal = torch.randn(2, width, generator=gen)
+    ties = torch.zeros(2, width)
+    ties[:, ::7] = 1.0  # the threshold: ties in every block
+    ties[:, 5000:5100] = 2.0
+    few = torch.full((2, width), float("nan"))
+    few[:, ::400] = 1.5
+    attack = torch.randn(2, width, generator=gen)
+    attack[0, _sampled_groups(n, width)] = -1.0
+    attack[1, _sampled_groups(n, width - 3)] = -1.0  # the last row ends 3 tokens early
+    wide_width = (1 << 17) + 3000
+    planes = torch.randn(1, wide_width, generator=gen)
+    planes[0, -2000:] += 3
+    planes_attack = torch.randn(1, wide_width, generator=gen)
+    planes_attack[0, _sampled_groups(64, wide_width)] = -5.0
+    listed, exact, radix = pack.LISTED.value, pack.EXACT.value, pack.RADIX.value
+    cases = [("one tile", normal, n, listed), ("ties", ties, n, exact), ("fewer than n", few, n, listed),
+             ("radix", attack, n, radix), ("planes", planes, n, listed), ("planes radix", planes_attack, 64, radix),
+             ("fp32", normal, n, listed)]
+    for name, scores, k, mode in cases:
+        logits = scores if name == "fp32" else scores.bfloat16()
+        ends = torch.full((logits.shape[0],), logits.shape[1], dtype=torch.int32)
+        ends[-1] -= 3
+        want = reference.pack(logits, ends, k, logits.shape[1])
+        got = torch.full_like(want, 123).to(device)
+        scratch, arrivals = pack.scratch_for(logits.shape[0], k, logits.shape[1], device)
+        pack.pack(got, logits.to(device), ends.to(device), local_topk=k, max_local_len=logits.shape[1],
+                  scratch=(scratch, arrivals))
+        assert torch.equal(got.cpu(), want), name
+        assert scratch[:, pack.MODE.value].tolist() == [mode] * logits.shape[0], name
+        assert not arrivals.any(), name
+    # Two tiles: a tile of 128 for 240 candidates or so.
+    small = pack.Plan(n=n, tile=128, groups=pack.plan(n, width).groups, blocks_p2=pack.plan(n, width).blocks_p2)
+    monkeypatch.setattr(pack, "plan", lambda k, w: small)
+    logits = normal.bfloat16()
+    ends = torch.full((2,), width, dtype=torch.int32)
+    want = reference.pack(logits, ends, n, width)
+    got = torch.full_like(want, 123).to(device)
+    scratch, arrivals = pack.scratch_for(2, n, width, device)
+    pack.pack(got, logits.to(device), ends.to(device), local_topk=n, max_local_len=width, scratch=(scratch, arrivals))
+    assert torch.equal(got.cpu(), want)
+    listed = scratch[:, pack.HEADER.value + 1: pack.HEADER.value + 4 * 4: 4].sum(dim=1)
+    assert ((listed > small.tile) & (scratch[:, pack.MODE.value] == pack.LISTED.value)).all(), listed
+
+
+@needs_triton
+def test_filter_counts_are_exact_on_every_bf16():
+    """The filter's four counts of a block (valid tokens, candidates, >= and
+    > the probe, the last two on the sign-folded integer of the bits, not as
+    floats) over every bf16 bit pattern, for probes at the edges (both
+    zeros, the infinities, the lowest valid score) and none: equal to those
+    of ord16 (-0 below +0, NaN never counted)."""
+    from kernel_probes import filter_block_kernel
+
+    from nvshmem_topk import format as fmt
+    from nvshmem_topk.kernels import pack
+
+    bits = torch.arange(1 << 16, dtype=torch.int32)
+    x = bits.to(torch.int16).view(torch.bfloat16)
+    order = fmt.ord16(bits)
+    valid = ~fmt.is_nan_bits(bits)
+    probes = [0, 0x7F, 0x80, 0x7FFF, 0x8000, 0x8001, 0xBF80, 0xFF80]
+    floor = 0xBF80  # 1.0: the candidates are a threshold set from it
+    device = "cuda" if not interpreted else "cpu"
+    plan = pack.plan(64, 1 << 16)
+    scratch = torch.zeros((len(probes), plan.scratch_words), dtype=torch.int32)
+    scratch[:, pack.FLOOR.value] = floor
+    scratch[:, pack.PROBE.value] = torch.tensor(probes)
+    scratch = scratch.to(device)
+    blocks = (1 << 16) // pack.BLOCK.value
+    filter_block_kernel[(blocks, len(probes))](scratch, x.to(device), 1 << 16, scratch.stride(0), REGION=plan.region,
+                                               BLOCKS_P2=plan.blocks_p2)
+    counts = scratch.cpu()[:, pack.HEADER.value: pack.HEADER.value + 4 * blocks].view(len(probes), blocks, 4).sum(1)
+    for probe, got in zip(probes, counts.tolist()):
+        reach = int((valid & (order >= probe)).sum()) if probe else 0
+        above = int((valid & (order > probe)).sum()) if probe else 0
+        assert got == [int(valid.sum()), int((valid & (order >= floor)).sum()), reach, above], hex(probe)
 
 
 @needs_triton
@@ -156,13 +281,14 @@ def test_radix_boundary_matches_a_scan_of_the_histogram():
 @needs_triton
 @pytest.mark.parametrize("whole", [True, False])
 def test_filter_threshold_keeps_a_threshold_set(whole):
-    """The filter compares bf16 as floats against a floor derived from tau.
-    Over every bf16 bit pattern, for taus at the edges (NaN patterns, the
-    infinities, both zeros) and at random, the tokens it keeps must be every
-    non-NaN token of ord16 >= t for one t <= tau (t = tau but for the
-    zero's sign and NaN floors): then the candidates hold the row's top-N
-    whenever there are N of them, which is all the finish relies on."""
-    from kernel_probes import reaches_kernel
+    """The filter compares bf16 as floats against a float derived from the
+    floor (tau here). Over every bf16 bit pattern, for taus at the edges
+    (NaN patterns, the infinities, both zeros) and at random, the tokens it
+    keeps must be every non-NaN token of ord16 >= t for one t <= tau (t =
+    tau but for the zero's sign and NaN floors): then the candidates hold the
+    row's top-N whenever there are N of them, which is all the finish relies
+    on."""
+    from kernel_probes import candidate_kernel
 
     from nvshmem_topk.format import ord16
 
@@ -175,8 +301,7 @@ def test_filter_threshold_keeps_a_threshold_set(whole):
                         dtype=torch.int32)
     device = "cuda" if not interpreted else "cpu"
     out = torch.empty((len(taus), 1 << 16), dtype=torch.int8, device=device)
-    reaches_kernel[(len(taus),)](out, x.to(device), taus.to(device), WIDTH=1 << 16, BLOCK=4096,
-                                WHOLE=whole)
+    candidate_kernel[(len(taus),)](out, x.to(device), taus.to(device), WIDTH=1 << 16, BLOCK=4096, WHOLE=whole)
     for tau, kept in zip(taus.tolist(), out.cpu().bool()):
         assert not (kept & ~valid).any(), f"tau {tau:#x} keeps a NaN"
         assert not (valid & (order >= tau) & ~kept).any(), f"tau {tau:#x} misses a token"
@@ -274,39 +399,29 @@ def test_kernel_constants_mirror_the_layout():
         fmt.LOW_BITS, fmt.SAT_MASK_SHIFT, fmt.SAT_KAPPA_MASK)
 
 
-@needs_triton
-def test_candidate_plan_keeps_the_tile_small_with_room_to_spare():
-    """The estimate's groups and the finish's tile: the smallest tile that
-    holds a row's expected candidates with four standard deviations to
-    spare, more groups only where they make it smaller, all the groups'
-    tokens ranked only where N is a large share of the row, whole short
-    rows, and tiles between 256 and MAX_TILE."""
+def test_plan_sizes_the_tile_and_the_scratch():
+    """The local selection's plan: a power-of-two tile between 256 and
+    MAX_TILE that holds the expected candidates (n r_lo / r, r the sample
+    rank where the n-th score is expected) with four standard deviations to
+    spare; a narrower row never needs more scratch than the widest (the
+    workspace sizes it once, for max_local_len)."""
+    import math
+
     from nvshmem_topk.kernels import pack
 
-    assert pack.candidate_plan(384, 16384) == (512, True, 1024, 2048)
-    assert pack.candidate_plan(384, 65536) == (2048, True, 1024, 2048)
-    assert pack.candidate_plan(384, 131072) == (2048, True, 1024, 2048)
-    assert pack.candidate_plan(1536, 65536) == (512, True, 4096, 8192)
-    assert pack.candidate_plan(1536, 131072) == (1024, True, 4096, 8192)
-    assert pack.candidate_plan(3072, 16384) == (256, False, 4096, 8192)
-    assert pack.candidate_plan(384, 1000) == (256, True, 1024, 2048)
-    assert pack.candidate_plan(32, 4500) == (256, True, 256, 512)
-    assert pack.candidate_plan(2048, 131072)[2] == pack.MAX_TILE
-    gen = torch.Generator().manual_seed(7)
-    # The margin holds on normal scores (in the room when MAX_TILE capped the tile).
-    for n, width in ((384, 16384), (384, 131072), (1536, 65536), (3072, 16384)):
-        groups, tops, tile, room = pack.candidate_plan(n, width)
-        start = (torch.arange(groups) * width) // groups // 8 * 8
-        rows = torch.randn(64, width, generator=gen).bfloat16().float()
-        values = rows[:, start[:, None] + torch.arange(8)]
-        values = values.amax(dim=2) if tops else values.flatten(1)
-        share = n / width
-        expected = values.shape[1] * ((1 - (1 - share) ** 8) if tops else share)
-        need = math.ceil(expected + 5 * math.sqrt(expected)) + 4
-        tau = values.topk(need, dim=1).values[:, -1:]
-        counts = (rows >= tau).sum(dim=1)
-        held = tile if tile < pack.MAX_TILE else room
-        assert n <= int(counts.min()) and int(counts.max()) <= held, (n, width, counts.min(), counts.max())
+    for n in (32, 192, 384, 768, 1536, 2048, 4096):
+        widest = pack.plan(n, 1 << 20)
+        for width in (100, 4096, 16384, 65536, 131072, 1 << 20):
+            p = pack.plan(n, width)
+            assert p.tile & (p.tile - 1) == 0 and 256 <= p.tile <= pack.MAX_TILE, (n, width, p)
+            assert p.groups & (p.groups - 1) == 0 and p.groups <= pack.MAX_GROUPS, (n, width, p)
+            rank = max(1.0, min(pack.SAMPLE_RANK.value, n * 8 * p.groups / width))
+            floor_rank = pack._margin(rank)
+            expected = n * (floor_rank + 4 * math.sqrt(floor_rank)) / rank
+            assert min(expected, pack.MAX_TILE) <= p.tile, (n, width, p)
+            assert p.scratch_words <= widest.scratch_words, (n, width)
+    assert pack.plan(384, 16384).tile == 1024
+    assert pack.plan(384, 131072).tile == 2048
 
 
 @needs_triton
