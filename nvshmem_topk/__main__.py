@@ -28,7 +28,7 @@ from . import format as fmt
 from ._backends import resolve_impl
 from .api import simulate_dcp_topk_merge
 from .baseline import generic_merge_compute
-from .testing import families, indexer_like_logits
+from .testing import SCORE_FAMILIES, families, family_scores, indexer_like_logits, shard
 from .timing import SimulatedMerge, graphed
 
 
@@ -245,42 +245,46 @@ def _graph_ms(fn, reps: int) -> float:
 
 def bench(args: argparse.Namespace) -> int:
     device = _device(args.device)
-    grid = [(rows, width) for rows in args.rows for width in args.widths]
+    grid = [(dist, rows, width) for dist in args.dist for rows in args.rows for width in args.widths]
     results = []
     graphs = device.type == "cuda"
     timing = f"CUDA-graph replays of {GRAPH_CALLS} calls" if graphs else "eager calls"
-    print(f"# simulated merge, W={args.world_size}, K={args.topk}, impl={args.impl}, {device}; medians of "
-          f"{args.reps} {timing} (ms)", file=sys.stderr)
-    for i, (rows, width) in enumerate(grid, 1):
-        logits = indexer_like_logits((args.world_size, rows, width), torch.Generator().manual_seed(i)).to(device)
+    print(f"# simulated merge, W={args.world_size}, K={args.topk}, interleave={args.interleave}, impl={args.impl}, "
+          f"{device}; medians of {args.reps} {timing} (ms)", file=sys.stderr)
+    for i, (dist, rows, width) in enumerate(grid, 1):
+        scores = family_scores(dist, rows, args.world_size * width, torch.Generator().manual_seed(i))
+        logits = shard(scores, args.world_size, args.interleave).to(device)
         row_ends = torch.full((args.world_size, rows), width, dtype=torch.int32, device=device)
-        if graphs:  # eager GPU timings would measure Python launches (W ranks x 5 kernels)
-            run = SimulatedMerge(logits, row_ends, args.topk, args.impl)
+        if graphs:  # eager GPU timings would measure Python launches (W ranks x several kernels)
+            run = SimulatedMerge(logits, row_ends, args.topk, args.impl, interleave=args.interleave)
             merge = _graph_ms(run, args.reps)
             run.destroy()
             generic = _graph_ms(lambda: generic_merge_compute(logits, args.topk), args.reps)
         else:
-            merge = _median_ms(lambda: simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=args.impl),
-                               device, args.reps)
+            merge = _median_ms(lambda: simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=args.impl,
+                                                               interleave=args.interleave), device, args.reps)
             generic = _median_ms(lambda: generic_merge_compute(logits, args.topk), device, args.reps)
-        results.append(dict(W=args.world_size, T=rows, S=width, K=args.topk, impl=args.impl, device=str(device),
-                            cuda_graph=graphs, merge_ms=merge, generic_ms=generic))
+        results.append(dict(dist=dist, W=args.world_size, T=rows, S=width, K=args.topk, I=args.interleave,
+                            impl=args.impl, device=str(device), cuda_graph=graphs, merge_ms=merge, generic_ms=generic))
         done = 20 * i // len(grid)
-        print(f"[{'#' * done}{'.' * (20 - done)}] {i}/{len(grid)} T={rows} S={width}: merge {merge:.2f} ms, "
+        print(f"[{'#' * done}{'.' * (20 - done)}] {i}/{len(grid)} {dist} T={rows} S={width}: merge {merge:.2f} ms, "
               f"generic {generic:.2f} ms", file=sys.stderr, flush=True)
-    print(f"{'T':>5}{'S_local':>9}{'merge ms':>11}{'generic ms':>12}")
+    first = {(r["T"], r["S"]): r["merge_ms"] for r in reversed(results)}  # the first family's time per shape
+    print(f"{'dist':<20}{'T':>5}{'S_local':>9}{'merge ms':>11}{'vs first':>10}{'generic ms':>12}")
     for r in results:
-        print(f"{r['T']:>5}{r['S']:>9}{r['merge_ms']:>11.2f}{r['generic_ms']:>12.2f}")
+        print(f"{r['dist']:<20}{r['T']:>5}{r['S']:>9}{r['merge_ms']:>11.2f}{r['merge_ms'] / first[r['T'], r['S']]:>9.2f}x"
+              f"{r['generic_ms']:>12.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("W,T,S,K,impl,device,merge_ms,generic_ms\n")
-            f.writelines(f"{r['W']},{r['T']},{r['S']},{r['K']},{r['impl']},{r['device']},{r['merge_ms']:.4f},"
-                         f"{r['generic_ms']:.4f}\n" for r in results)
+            f.write("dist,W,T,S,K,I,impl,device,merge_ms,generic_ms\n")
+            f.writelines(f"{r['dist']},{r['W']},{r['T']},{r['S']},{r['K']},{r['I']},{r['impl']},{r['device']},"
+                         f"{r['merge_ms']:.4f},{r['generic_ms']:.4f}\n" for r in results)
     if args.plot:
-        _plot(results, args.plot, f"simulated merge, W={args.world_size}, K={args.topk}, {args.impl} on {device}")
+        _plot([r for r in results if r["dist"] == args.dist[0]], args.plot,
+              f"simulated merge, W={args.world_size}, K={args.topk}, {args.dist[0]} scores, {args.impl} on {device}")
     return 0
 
 
@@ -348,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     bch.add_argument("--json", default=None)
     bch.add_argument("--csv", default=None)
     bch.add_argument("--plot", default=None, help="PNG path (needs matplotlib)")
+    bch.add_argument("--dist", nargs="+", default=["normal"], choices=SCORE_FAMILIES,
+                     help="score families (global rows sharded by --interleave); the first is the one the others "
+                          "are compared with, and the one plotted")
+    bch.add_argument("--interleave", type=int, default=1, help="tokens per rank in a run (default 1)")
     bch.set_defaults(fn=bench)
     args = parser.parse_args(argv)
     return args.fn(args)

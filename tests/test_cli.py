@@ -40,3 +40,15 @@ def test_bench_writes_json_csv_and_a_plot(tmp_path):
     assert all(r["merge_ms"] > 0 and r["generic_ms"] > 0 for r in rows)
     assert len(list(csv.DictReader(paths["csv"].open()))) == 4
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_over_score_families(tmp_path):
+    """``bench --dist`` times each family (global rows sharded by the
+    interleave) and compares it with the first."""
+    out = tmp_path / "bench.json"
+    printed = _cli("bench", "--world-size", "2", "--rows", "1", "--widths", "512", "--topk", "64", "--reps", "1",
+                   "--dist", "normal", "all_equal", "--interleave", "4", "--json", str(out))
+    rows = json.loads(out.read_text())
+    assert [(r["dist"], r["I"]) for r in rows] == [("normal", 4), ("all_equal", 4)]
+    assert [line.split()[0] for line in printed.splitlines()[-2:]] == ["normal", "all_equal"]
+    assert printed.splitlines()[-2].split()[4] == "1.00x"
