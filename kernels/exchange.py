@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from . import nvshmem_device
+from .keys import MAX_PEERS
 from .sync import after_prior_kernel, dependent_launch, release_flags
 
 
@@ -35,8 +36,6 @@ def store_to_peers(src, peer_ptrs, dest, skip, WORDS: tl.constexpr, WORLD: tl.co
                 peer = tl.load(peer_ptrs + q).to(tl.pointer_type(tl.int32))
                 tl.store(peer + dest + offs, words, mask=offs < WORDS)
 
-
-MAX_PEERS = tl.constexpr(16)  # format.MAX_WORLD_SIZE
 
 
 @triton.jit

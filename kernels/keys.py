@@ -1,16 +1,17 @@
 """Device helpers shared by the kernel families: scores, packed words,
-select keys, the exact top-K threshold and the ordered emit. Mirrors
-``nvshmem_topk/format.py`` (the layout's one description)."""
+select keys, the exact top-K threshold and the ordered emit. The layout's
+constants come from ``nvshmem_topk/format.py``, its one description."""
 
 import triton
 import triton.language as tl
 
-LOW_BITS = tl.constexpr(16)
-SAT_MASK_SHIFT = tl.constexpr(47)
-SAT_KAPPA_MASK = tl.constexpr((1 << 47) - 1)
+from .. import format as fmt
 
-
-MIN_VALID = tl.constexpr(0x007F)  # ord16 of -inf: every valid score is at least this; 0 is "none"
+LOW_BITS = tl.constexpr(fmt.LOW_BITS)
+SAT_MASK_SHIFT = tl.constexpr(fmt.SAT_MASK_SHIFT)
+SAT_KAPPA_MASK = tl.constexpr(fmt.SAT_KAPPA_MASK)
+MIN_VALID = tl.constexpr(fmt.MIN_VALID_ORD16)  # every valid score's ord16 is at least this; 0 is "none"
+MAX_PEERS = tl.constexpr(fmt.MAX_WORLD_SIZE)
 
 
 @triton.jit
@@ -96,6 +97,16 @@ def radix_boundary(hist, need):
 
 TIE_TILE = tl.constexpr(256)
 NEAR_BINS = tl.constexpr(128)  # near histograms (select and pack): a bin a level of two scores
+
+
+@triton.jit
+def near_bin(top, level):
+    """Bin of a level in a near histogram, by how far it lies below ``top``:
+    NEAR_BINS - 1 - distance, bin 0 for NEAR_BINS - 1 levels or more
+    (levels above ``top`` count as at it). A top-K of bf16 scores rarely
+    spans 254 steps, and a histogram's cost grows with its bins."""
+    distance = tl.minimum(tl.maximum(top - level, 0), NEAR_BINS - 1)
+    return -(distance - (NEAR_BINS - 1))  # tensor - constexpr: the interpreter keeps a tensor
 # The tie tile's radix runs in 7-bit digits, not 8 (the score's last bit and a
 # 17-bit gid: passes of 7, 7 and 4 bits): a histogram's cost grows with its
 # bins (H200, select at T = 64: 0.7 to 0.9 us faster at W = 2 and 16, 0.1 at 8).
@@ -156,8 +167,7 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
     present = flat != 0
     level = (flat >> level_shift).to(tl.int32)
     top = tl.max(tl.where(present, level, 0), axis=0)
-    near = NEAR_BINS - 1 - tl.minimum(top - level, NEAR_BINS - 1)
-    bucket, above, bucket_count = radix_boundary(tl.histogram(near, NEAR_BINS, mask=present), k)
+    bucket, above, bucket_count = radix_boundary(tl.histogram(near_bin(top, level), NEAR_BINS, mask=present), k)
     boundary = top - (NEAR_BINS - 1) + bucket
     prefix = boundary.to(tl.int64) << level_shift
     need = k - above

@@ -41,9 +41,9 @@ import triton
 import triton.language as tl
 
 from . import nvshmem_device
-from .exchange import MAX_PEERS, push_list, push_row
-from .keys import (MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, bf16_bits, is_nan_bits, ord16, packed_word,
-                   radix_boundary, score_bits)
+from .exchange import push_list, push_row
+from .keys import (MAX_PEERS, MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, bf16_bits, is_nan_bits, near_bin, ord16,
+                   packed_word, radix_boundary, score_bits)
 from .sync import after_prior_kernel, dependent_launch, last_to_arrive
 
 BLOCK = tl.constexpr(4096)  # tokens a filter program reads; a power of two up to 2^16 (words carry 16 id bits)
@@ -212,8 +212,7 @@ def _tile_threshold(score, valid, need):
     falls in bin 0 do the two byte histograms run."""
     level = score >> 1
     top = tl.max(tl.where(valid, level, 0), axis=0)
-    near = NEAR_BINS - 1 - tl.minimum(tl.maximum(top - level, 0), NEAR_BINS - 1)
-    bucket, above, _ = radix_boundary(tl.histogram(near, NEAR_BINS, mask=valid), need)
+    bucket, above, _ = radix_boundary(tl.histogram(near_bin(top, level), NEAR_BINS, mask=valid), need)
     upper = (top - (NEAR_BINS - 1) + bucket) * 2 + 1
     ties_taken = need - above
     upper_count = tl.sum((valid & (score == upper)).to(tl.int32), axis=0)
@@ -254,22 +253,13 @@ def _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_see
 
 
 @triton.jit
-def _zero_row(out_row, WORDS: tl.constexpr, BLOCK: tl.constexpr):
-    for start in tl.range(0, WORDS, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        tl.store(out_row + offs, tl.zeros((BLOCK,), dtype=tl.int32), mask=offs < WORDS)
+def _zero_row(out_row, WORDS: tl.constexpr, CHUNK: tl.constexpr):
+    for start in tl.range(0, WORDS, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        tl.store(out_row + offs, tl.zeros((CHUNK,), dtype=tl.int32), mask=offs < WORDS)
 
 
 # ----------------------------------------------------------------- estimate
-
-
-@triton.jit
-def _near_bin(top, level):
-    """Bin of a level in a histogram of how far it lies below ``top``: bin
-    NEAR_BINS - 1 - distance, bin 0 for NEAR_BINS - 1 levels or more (levels
-    above ``top`` count as at it)."""
-    distance = tl.minimum(tl.maximum(top - level, 0), NEAR_BINS - 1)
-    return -(distance - (NEAR_BINS - 1))  # tensor - constexpr: the interpreter keeps a tensor
 
 
 @triton.jit
@@ -299,7 +289,7 @@ def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
     r = tl.maximum((N * 8 * groups + end - 1) // end, 1).to(tl.int32)
     r_lo = r + tl.ceil(4.0 * tl.sqrt(2.0 * r.to(tl.float32))).to(tl.int32) + 4
     top = tl.max(tl.where(valid, score >> 1, 0), axis=0)
-    hist = tl.histogram(_near_bin(top, score >> 1), NEAR_BINS, mask=valid)
+    hist = tl.histogram(near_bin(top, score >> 1), NEAR_BINS, mask=valid)
     bucket, above, in_level = radix_boundary(hist, r)
     low_bucket, _, _ = radix_boundary(hist, r_lo)
     shift = tl.full((), 1, tl.int32)
@@ -308,7 +298,7 @@ def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
         if low_bucket == 0:
             shift += 4
             low_top = tl.max(tl.where(valid, score >> shift, 0), axis=0)
-            low_bucket, _, _ = radix_boundary(tl.histogram(_near_bin(low_top, score >> shift), NEAR_BINS, mask=valid),
+            low_bucket, _, _ = radix_boundary(tl.histogram(near_bin(low_top, score >> shift), NEAR_BINS, mask=valid),
                                               r_lo)
     floor_level = low_top - (NEAR_BINS - 1) + low_bucket
     most = tl.max(tl.where(valid & ((score >> shift) == floor_level), score, 0), axis=0)
@@ -758,7 +748,7 @@ def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, 
     blocks = triton.cdiv(max(limit, 1), BLOCK.value)
     spans = triton.cdiv(blocks, SPAN.value)
     words = out.shape[-1]
-    pub = publish or Publish(row_ends, row_ends, row_ends, row_ends, 0, 0, 0)
+    pub = publish or Publish(row_ends, row_ends, row_ends, row_ends, 0, 0, 0)  # no peers: never read (WORLD = 0)
     listing = pub.list_slots > 0
     rank = pub.rank
     row = (logits, row_ends, pub.sat if listing else row_ends, logits.stride(0), limit, scratch.stride(0))

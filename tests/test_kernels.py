@@ -387,18 +387,6 @@ def test_kth_largest_near_the_top_and_far_from_it():
         assert out[case].tolist() == [want, min(k, present.numel())], (case, k)
 
 
-@needs_triton
-def test_kernel_constants_mirror_the_layout():
-    """The kernels keep their own copies of the layout's constants (they
-    import nothing of the package); each must equal format's."""
-    from nvshmem_topk import format as fmt
-    from nvshmem_topk.kernels import exchange, keys
-
-    assert exchange.MAX_PEERS == fmt.MAX_WORLD_SIZE
-    assert (keys.LOW_BITS, keys.SAT_MASK_SHIFT, keys.SAT_KAPPA_MASK) == (
-        fmt.LOW_BITS, fmt.SAT_MASK_SHIFT, fmt.SAT_KAPPA_MASK)
-
-
 def test_plan_sizes_the_tile_and_the_scratch():
     """The local selection's plan: a power-of-two tile between 256 and
     MAX_TILE that holds the expected candidates (n r_lo / r, r the sample
