@@ -86,10 +86,12 @@ class Plan:
 
     @property
     def histograms_at(self) -> int:
+        """Where a row's per-span histogram pairs (2 x 256 words) start."""
         return HEADER.value + self.blocks_p2 * COUNT_FIELDS.value
 
     @property
     def regions_at(self) -> int:
+        """Where a row's per-block candidate regions (``region`` words) start."""
         return self.histograms_at + self.blocks_p2 * 512
 
     @property
@@ -359,7 +361,7 @@ def _line_positions(flags):
 
 
 @triton.jit
-def _filter_block(scratch, x, local, block, REGION: tl.constexpr, BLOCKS_P2: tl.constexpr):
+def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr):
     """The block's counts, and its first REGION candidates' words in order.
     bf16 is compared as a float with the floor (a few instructions a token:
     candidates need only be a threshold set that holds the top-n), the
@@ -380,7 +382,7 @@ def _filter_block(scratch, x, local, block, REGION: tl.constexpr, BLOCKS_P2: tl.
     folded = half ^ ((half >> 15) & 0x7FFF)  # ord16 - 0x8000 for valid scores
     flag = candidate.to(tl.int32)
     pos = _line_positions(flag)
-    tl.store(scratch + HEADER + BLOCKS_P2 * COUNT_FIELDS + BLOCKS_P2 * 512 + block * REGION + pos,
+    tl.store(scratch + REGIONS_AT + block * REGION + pos,
              packed_word(folded + 0x8000, local), mask=candidate & (pos < REGION))
     first = tl.sum(tl.sum(valid.to(tl.int32) | (flag << 16), axis=1), axis=0)  # two counts a sum (each < 2^16)
     counts = scratch + HEADER + block * COUNT_FIELDS
@@ -398,7 +400,7 @@ def _filter_block(scratch, x, local, block, REGION: tl.constexpr, BLOCKS_P2: tl.
 
 @triton.jit
 def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank,
-                  REGION: tl.constexpr, BLOCKS_P2: tl.constexpr, LIST: tl.constexpr, PDL: tl.constexpr):
+                  REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr, PDL: tl.constexpr):
     """One read of the block: its counts and its candidates' words, in
     order, to its region (the first REGION of them: a block with more has
     more candidates than any row that is settled from them)."""
@@ -410,14 +412,14 @@ def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride,
         after_prior_kernel(PDL)
         if _target(row, sat_ptr, rank, 1, 1, LIST)[0]:
             x, local = _block_tokens(logits_ptr, row, logits_stride, block, end)
-            _filter_block(scratch, x, local, block, REGION, BLOCKS_P2)
+            _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
     else:
         # The logits and row ends were written before the estimate, which
         # waited for them before this kernel could launch: the block is read
         # while the estimate still runs, and only its floor waits for it.
         x, local = _block_tokens(logits_ptr, row, logits_stride, block, end)
         after_prior_kernel(PDL)
-        _filter_block(scratch, x, local, block, REGION, BLOCKS_P2)
+        _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
 
 
 # ------------------------------------------------------------------- settle
@@ -573,8 +575,9 @@ def _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, ma
 def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arrivals_ptr, epochs_ptr, peer_ptrs,
                   flag_ptrs, pes_ptr, logits_stride, width_limit, scratch_stride, max_rows, rank,
                   N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
-                  REGION: tl.constexpr, BLOCKS_P2: tl.constexpr, TILE: tl.constexpr, WORLD: tl.constexpr,
-                  LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+                  REGION: tl.constexpr, BLOCKS_P2: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
+                  REGIONS_AT: tl.constexpr, TILE: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr,
+                  PDL: tl.constexpr):
     """Settles the row from the filter's counts: the first span selects from
     the candidates, every block with tokens to keep writes them, or every
     span histograms its high bytes for the radix steps."""
@@ -593,8 +596,7 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arriv
             tl.store(scratch + MODE, mode)
         if mode == LISTED:
             if span == 0:
-                regions = scratch + HEADER + BLOCKS_P2 * COUNT_FIELDS + BLOCKS_P2 * 512
-                _select_listed(out_ptr + offset, regions, listed, N, PLANES, BLOCKS_P2, REGION, TILE)
+                _select_listed(out_ptr + offset, scratch + REGIONS_AT, listed, N, PLANES, BLOCKS_P2, REGION, TILE)
                 _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, words, WORLD,
                          LIST, LIBRARY_PEERS)
         elif mode == EXACT:
@@ -612,15 +614,15 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arriv
                     _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, words,
                              WORLD, LIST, LIBRARY_PEERS)
         else:
-            _span_histogram(scratch, logits_ptr, row, logits_stride, span, blocks, end, 0, 0, False, BLOCKS_P2)
+            _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, end, 0, 0, False)
 
 
 # -------------------------------------------------------------------- radix
 
 
 @triton.jit
-def _span_histogram(scratch, logits_ptr, row, logits_stride, span, blocks, end, high, AT: tl.constexpr,
-                    SELECT_LOW: tl.constexpr, BLOCKS_P2: tl.constexpr):
+def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, end, high, AT: tl.constexpr,
+                    SELECT_LOW: tl.constexpr):
     """The span's histogram of the high byte of its scores (or, with
     SELECT_LOW, of the low byte of those whose high byte is ``high``), to
     word AT of the span's pair of histograms."""
@@ -631,7 +633,7 @@ def _span_histogram(scratch, logits_ptr, row, logits_stride, span, blocks, end, 
             x, _ = _block_tokens(logits_ptr, row, logits_stride, block, end)
             score = tl.reshape(_order(x), (BLOCK,))
             hist += _histogram(score, score != 0, high, SELECT_LOW)
-    tl.store(scratch + HEADER + BLOCKS_P2 * COUNT_FIELDS + span * 512 + AT + tl.arange(0, 256), hist)
+    tl.store(histograms + span * 512 + AT + tl.arange(0, 256), hist)
 
 
 @triton.jit
@@ -647,7 +649,7 @@ def _summed(histograms, spans, AT: tl.constexpr):
 
 @triton.jit
 def radix_low_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride,
-                     rank, N: tl.constexpr, LIST: tl.constexpr, BLOCKS_P2: tl.constexpr, PDL: tl.constexpr):
+                     rank, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, PDL: tl.constexpr):
     """Radix rows: the boundary bucket of the high byte over the row, then
     the span's histogram of the low byte inside it."""
     after_prior_kernel(PDL)
@@ -656,16 +658,18 @@ def radix_low_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stri
     if _target(row, sat_ptr, rank, 1, 1, LIST)[0]:
         scratch = scratch_ptr + row * scratch_stride
         if tl.load(scratch + MODE) == RADIX:
-            high, _, _ = radix_boundary(_summed(scratch + HEADER + BLOCKS_P2 * COUNT_FIELDS, tl.num_programs(0), 0), N)
-            _span_histogram(scratch, logits_ptr, row, logits_stride, span, tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
-                            _row_end(row_ends_ptr, row, width_limit), high, 256, True, BLOCKS_P2)
+            histograms = scratch + HISTOGRAMS_AT
+            high, _, _ = radix_boundary(_summed(histograms, tl.num_programs(0), 0), N)
+            _span_histogram(histograms, logits_ptr, row, logits_stride, span, tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
+                            _row_end(row_ends_ptr, row, width_limit), high, 256, True)
 
 
 @triton.jit
 def radix_write_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arrivals_ptr, epochs_ptr, peer_ptrs,
                        flag_ptrs, pes_ptr, logits_stride, width_limit, scratch_stride, max_rows, rank,
                        N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
-                       BLOCKS_P2: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+                       HISTOGRAMS_AT: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr,
+                       PDL: tl.constexpr):
     """Radix rows: the threshold from the two byte histograms, each span's
     tokens above it and tied with it from its own, then its kept tokens."""
     after_prior_kernel(PDL)
@@ -677,7 +681,7 @@ def radix_write_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, 
     if active:
         scratch = scratch_ptr + row * scratch_stride
         if tl.load(scratch + MODE) == RADIX:
-            histograms = scratch + HEADER + BLOCKS_P2 * COUNT_FIELDS
+            histograms = scratch + HISTOGRAMS_AT
             high, above_high, _ = radix_boundary(_summed(histograms, spans, 0), N)
             low, above_low, _ = radix_boundary(_summed(histograms, spans, 256), N - above_high)
             quota = N - above_high - above_low
@@ -759,13 +763,14 @@ def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, 
     pdl = dependent_launch(out.device)
     estimate_kernel[(rows,)](out, scratch, *row, rank, N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing,
                              GROUPS=p.groups, ROOM=p.room, num_warps=ESTIMATE_WARPS, **pdl)
-    filter_kernel[(blocks, rows)](scratch, *row, rank, REGION=p.region, BLOCKS_P2=p.blocks_p2, LIST=listing,
+    filter_kernel[(blocks, rows)](scratch, *row, rank, REGION=p.region, REGIONS_AT=p.regions_at, LIST=listing,
                                   num_warps=FILTER_WARPS, **pdl)
     finish_kernel[(spans, rows)](out, scratch, *row[:3], *tail, **target, REGION=p.region, BLOCKS_P2=p.blocks_p2,
-                                 TILE=p.tile, **peers, num_warps=max(SPAN_WARPS, p.tile // 256), **pdl)
-    radix_low_kernel[(spans, rows)](scratch, *row, rank, N=n, LIST=listing, BLOCKS_P2=p.blocks_p2,
+                                 HISTOGRAMS_AT=p.histograms_at, REGIONS_AT=p.regions_at, TILE=p.tile, **peers,
+                                 num_warps=max(SPAN_WARPS, p.tile // 256), **pdl)
+    radix_low_kernel[(spans, rows)](scratch, *row, rank, N=n, LIST=listing, HISTOGRAMS_AT=p.histograms_at,
                                     num_warps=SPAN_WARPS, **pdl)
-    radix_write_kernel[(spans, rows)](out, scratch, *row[:3], *tail, **target, BLOCKS_P2=p.blocks_p2, **peers,
+    radix_write_kernel[(spans, rows)](out, scratch, *row[:3], *tail, **target, HISTOGRAMS_AT=p.histograms_at, **peers,
                                       num_warps=SPAN_WARPS, **pdl)
 
 

@@ -35,14 +35,14 @@ def candidate_kernel(out_ptr, x_ptr, floor_ptr, WIDTH: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
-def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.constexpr, BLOCKS_P2: tl.constexpr):
+def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.constexpr, REGIONS_AT: tl.constexpr):
     """The filter's work on block program_id(0) of the one row x_ptr[0:width],
     with the floor and probe the caller put in the scratch row of case
     program_id(1): the counts land at the block's place in that row."""
     block = tl.program_id(0)
     scratch = scratch_ptr + tl.program_id(1).to(tl.int64) * scratch_stride
     x, local = _block_tokens(x_ptr, 0, 0, block, width)
-    _filter_block(scratch, x, local, block, REGION, BLOCKS_P2)
+    _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
 
 
 @triton.jit

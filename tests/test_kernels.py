@@ -240,7 +240,7 @@ def test_filter_counts_are_exact_on_every_bf16():
     scratch = scratch.to(device)
     blocks = (1 << 16) // pack.BLOCK.value
     filter_block_kernel[(blocks, len(probes))](scratch, x.to(device), 1 << 16, scratch.stride(0), REGION=plan.region,
-                                               BLOCKS_P2=plan.blocks_p2)
+                                               REGIONS_AT=plan.regions_at)
     counts = scratch.cpu()[:, pack.HEADER.value: pack.HEADER.value + 4 * blocks].view(len(probes), blocks, 4).sum(1)
     for probe, got in zip(probes, counts.tolist()):
         reach = int((valid & (order >= probe)).sum()) if probe else 0
