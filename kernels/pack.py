@@ -176,6 +176,15 @@ def _target(row, sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIST: 
         return True, row * WORDS
 
 
+@triton.jit
+def _span_target(sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr):
+    """(span, row, spans, active, offset) of a program of a [spans, rows]
+    grid (``_target`` gives the last two)."""
+    row = tl.program_id(1).to(tl.int64)
+    active, offset = _target(row, sat_ptr, rank, WORDS, SLOTS, LIST)
+    return tl.program_id(0), row, tl.num_programs(0), active, offset
+
+
 # -------------------------------------------------- thresholds in registers
 
 
@@ -582,11 +591,8 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arriv
     the candidates, every block with tokens to keep writes them, or every
     span histograms its high bytes for the radix steps."""
     after_prior_kernel(PDL)
-    span = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    spans = tl.num_programs(0)
     words: tl.constexpr = N + PLANES * (N // 32)
-    active, offset = _target(row, sat_ptr, rank, words, SLOTS, LIST)
+    span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
     if active:
         scratch = scratch_ptr + row * scratch_stride
         end = _row_end(row_ends_ptr, row, width_limit)
@@ -673,11 +679,8 @@ def radix_write_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, 
     """Radix rows: the threshold from the two byte histograms, each span's
     tokens above it and tied with it from its own, then its kept tokens."""
     after_prior_kernel(PDL)
-    span = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    spans = tl.num_programs(0)
     words: tl.constexpr = N + PLANES * (N // 32)
-    active, offset = _target(row, sat_ptr, rank, words, SLOTS, LIST)
+    span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
     if active:
         scratch = scratch_ptr + row * scratch_stride
         if tl.load(scratch + MODE) == RADIX:
