@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole run, or the steps named (default: all but merge-library):
-#   kernels  single-GPU benchmark (scripts/bench_kernels.py; JSON saved after every shape)
+#   kernels  single-GPU benchmark over the score families (scripts/bench_kernels.py: the pack beside torch.topk,
+#            the simulated 8-rank merge beside the generic merge; JSON saved after every measurement; about 7 min)
 #   merge    the merge across the visible GPUs (W of them, at least 2) beside the generic merge
 #            (scripts/bench_merge.py; MERGE_ARGS narrows it)
 #   merge-library  the same on fewer shapes, plus the push merge with every peer reached through
@@ -9,7 +10,7 @@
 #            the launcher tests run when MPICH's mpiexec is there
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
 #   launch   the demo started by MPICH's mpiexec (Hydra, PMI-1): NVSHMEM's PMI bootstrap, then over mpi4py
-#   branches the kernel benchmark (BENCH_ARGS, default T 8 and 64, S 16384 and 131072), the select alone at
+#   branches the kernel benchmark (BENCH_ARGS, default the pack at three shapes), the select alone at
 #            W = 2 to 16 (scripts/bench_select.py) and a short merge benchmark of this checkout and of each
 #            branch staged by scripts/stage_branches.sh (carry .branches; not in the default run)
 #   profile  Nsight Compute over one simulated merge (scripts/profile_kernels.py; not in the default run),
@@ -37,7 +38,7 @@ GPUS=$(nvidia-smi -L | wc -l)
 for step in $STEPS; do
   case $step in
     kernels)
-      timeout "${BENCH_TIMEOUT:-240}" python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" ${BENCH_ARGS:-} \
+      timeout "${BENCH_TIMEOUT:-560}" python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" ${BENCH_ARGS:-} \
         2>&1 | grep -v -i warn | tee "$OUT/bench_kernels.log" ;;
     merge)
       [ "$GPUS" -ge 2 ] && timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node "$GPUS" scripts/bench_merge.py \
@@ -71,7 +72,7 @@ for step in $STEPS; do
         path=$([ "$tree" = . ] && echo "${PYTHONPATH:-}" || echo "$PWD/$tree:${PYTHONPATH:-}")
         echo "## $name"
         PYTHONPATH=$path timeout "${BENCH_TIMEOUT:-240}" python3 scripts/bench_kernels.py \
-          --out "/tmp/branches/$name.json" ${BENCH_ARGS:---rows 8 64 --widths 16384 131072}
+          --out "/tmp/branches/$name.json" ${BENCH_ARGS:---skip-merge --shapes 64x16384 8x131072 64x131072}
         PYTHONPATH=$path timeout 150 python3 scripts/bench_select.py
         [ "$GPUS" -ge 2 ] && PYTHONPATH=$path timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node "$GPUS" \
           scripts/bench_merge.py --rows 1 64 --widths 16384 65536 --iters 100 --out "/tmp/branches/${name}_merge.json"
