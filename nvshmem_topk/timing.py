@@ -34,8 +34,9 @@ class SimulatedMerge:
         _run_merge(self.workspaces, *self._inputs, self.outputs, self._rows)
 
     def select_alone(self):
-        """Rank 0's select alone, as a callable that re-runs it on one epoch
-        (its ids land in ``ids[0]``). Two merges first: the select reads the
+        """Rank 0's select stage alone (the select, then the saturated
+        push's pipeline, which only launches where no rank is saturated), as
+        a callable that re-runs it on one epoch (its ids land in ``ids[0]``). Two merges first: the select reads the
         gather buffer of the epoch after the last merge's, and buffers go by
         epoch parity, so after one merge it would read rows no merge wrote.
         Then every flag far ahead, so that no wait holds (the select never
