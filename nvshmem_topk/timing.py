@@ -35,7 +35,8 @@ class SimulatedMerge:
 
     def select_alone(self):
         """Rank 0's select stage alone (the select, then the saturated
-        push's pipeline, which only launches where no rank is saturated), as
+        push's pipeline, whose kernels do nothing where this rank is not
+        saturated), as
         a callable that re-runs it on one epoch (its ids land in ``ids[0]``). Two merges first: the select reads the
         gather buffer of the epoch after the last merge's, and buffers go by
         epoch parity, so after one merge it would read rows no merge wrote.
