@@ -34,14 +34,13 @@ class SimulatedMerge:
         _run_merge(self.workspaces, *self._inputs, self.outputs, self._rows)
 
     def select_alone(self):
-        """Rank 0's select stage alone (the select, then the saturated
-        push's pipeline, whose kernels do nothing where this rank is not
-        saturated), as
-        a callable that re-runs it on one epoch (its ids land in ``ids[0]``). Two merges first: the select reads the
-        gather buffer of the epoch after the last merge's, and buffers go by
-        epoch parity, so after one merge it would read rows no merge wrote.
-        Then every flag far ahead, so that no wait holds (the select never
-        advances the epoch)."""
+        """Rank 0's select stage alone (the select, then the saturated push's
+        pipeline, whose kernels do nothing where this rank is not saturated),
+        as a callable that re-runs it on one epoch (its ids land in
+        ``ids[0]``). Two merges first: the select reads the gather buffer of
+        the epoch after the last merge's, and buffers go by epoch parity, so
+        after one merge it would read rows no merge wrote. Then every flag far
+        ahead, so that no wait holds (the select never advances the epoch)."""
         self()
         self()
         for ws in self.workspaces:
