@@ -319,15 +319,39 @@ def _plot(results: list[dict], path: str, title: str) -> None:
     fig.savefig(path, dpi=90)
 
 
+def _int_in(low: int, high: int | None = None, multiple: int = 1):
+    """An argparse type: an int in [low, high], a multiple of ``multiple``;
+    anything else is a usage error that names the range."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high) or value % multiple:
+            bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            also = f", a multiple of {multiple}" if multiple > 1 else ""
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}{also}, got {value}")
+        return value
+    return parse
+
+
+def _needs_triton(args: argparse.Namespace) -> None:
+    """--impl triton without Triton installed: say how to install it."""
+    if getattr(args, "impl", None) == "triton" and importlib.util.find_spec("triton") is None:
+        raise SystemExit("--impl triton needs Triton: pip install \"nvshmem-topk[triton]\" (on a CPU, also set "
+                         "TRITON_INTERPRET=1)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nvshmem-topk", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("demo", help="merge synthetic indexer scores and check them")
-    run.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
-    run.add_argument("--rows", type=int, default=4)
-    run.add_argument("--local-len", type=int, default=16384)
-    run.add_argument("--topk", type=int, default=2048)
+    run.add_argument("--world-sizes", type=_int_in(1, fmt.MAX_WORLD_SIZE), nargs="+", default=[1, 2, 4, 8],
+                     help="virtual ranks to merge over without a launcher (default 1 2 4 8)")
+    run.add_argument("--rows", type=_int_in(1), default=4, help="rows (decode tokens) a merge")
+    run.add_argument("--local-len", type=_int_in(1), default=16384, help="tokens per rank in a row")
+    run.add_argument("--topk", type=_int_in(fmt.MIN_TOPK, fmt.MAX_TOPK, fmt.WARP), default=2048, help="K (a multiple of 32 in [32, 4096])")
     run.add_argument("--impl", default=None, choices=["reference", "triton"],
                      help="default: triton on GPUs, reference on CPUs")
     run.add_argument("--bootstrap", default="pmi", choices=["pmi", "mpi"],
@@ -335,29 +359,31 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(fn=demo)
     sub.add_parser("info", help="devices, versions, what the merge would use").set_defaults(fn=info)
     chk = sub.add_parser("check", help="the adversarial families against an unsharded top-K")
-    chk.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 3, 8, 16])
+    chk.add_argument("--world-sizes", type=_int_in(1, fmt.MAX_WORLD_SIZE), nargs="+", default=[1, 2, 3, 8, 16],
+                     help="world sizes to run every family at")
     chk.add_argument("--impl", default="reference", choices=["reference", "triton"])
-    chk.add_argument("--device", default=None)
-    chk.add_argument("--seed", type=int, default=0)
-    chk.add_argument("--verbose", action="store_true")
+    chk.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is a GPU)")
+    chk.add_argument("--seed", type=int, default=0, help="seed of the families' data")
+    chk.add_argument("--verbose", action="store_true", help="a line per family")
     chk.set_defaults(fn=check)
     bch = sub.add_parser("bench", help="simulated merge vs the generic merge")
-    bch.add_argument("--world-size", type=int, default=8)
-    bch.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
-    bch.add_argument("--widths", type=int, nargs="+", default=[4096, 16384])
-    bch.add_argument("--topk", type=int, default=2048)
+    bch.add_argument("--world-size", type=_int_in(1, fmt.MAX_WORLD_SIZE), default=8, help="virtual ranks (default 8)")
+    bch.add_argument("--rows", type=_int_in(1), nargs="+", default=[1, 8, 64], help="T values")
+    bch.add_argument("--widths", type=_int_in(1), nargs="+", default=[4096, 16384], help="S_local values")
+    bch.add_argument("--topk", type=_int_in(fmt.MIN_TOPK, fmt.MAX_TOPK, fmt.WARP), default=2048, help="K (a multiple of 32 in [32, 4096])")
     bch.add_argument("--impl", default="reference", choices=["reference", "triton"])
-    bch.add_argument("--device", default=None)
-    bch.add_argument("--reps", type=int, default=5)
-    bch.add_argument("--json", default=None)
-    bch.add_argument("--csv", default=None)
+    bch.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is a GPU)")
+    bch.add_argument("--reps", type=_int_in(1), default=5, help="timed repetitions (medians)")
+    bch.add_argument("--json", default=None, help="write the results as JSON here")
+    bch.add_argument("--csv", default=None, help="write the results as CSV here")
     bch.add_argument("--plot", default=None, help="PNG path (needs matplotlib)")
     bch.add_argument("--dist", nargs="+", default=["normal"], choices=SCORE_FAMILIES,
                      help="score families (global rows sharded by --interleave); the first is the one the others "
                           "are compared with, and the one plotted")
-    bch.add_argument("--interleave", type=int, default=1, help="tokens per rank in a run (default 1)")
+    bch.add_argument("--interleave", type=_int_in(1), default=1, help="tokens per rank in a run (default 1)")
     bch.set_defaults(fn=bench)
     args = parser.parse_args(argv)
+    _needs_triton(args)
     return args.fn(args)
 
 

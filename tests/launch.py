@@ -33,6 +33,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def family_merges() -> int:
+    """How many merges a worker's families mode checks: every adversarial
+    family of ``nvshmem_topk.testing``, twice (epochs advance, parities
+    alternate)."""
+    from nvshmem_topk.testing import families
+
+    return 2 * sum(1 for _ in families(1))
+
+
 def run_ranks(args: list[str], world_size: int, timeout_s: float, env: dict | None = None) -> list[RankResult]:
     port = free_port()
     procs = []

@@ -22,7 +22,10 @@ def test_info_names_versions_and_the_default_impl():
 
 
 def test_check_reference_passes_every_family():
-    assert _cli("check", "--world-sizes", "1", "5").strip().endswith("26 passed, 0 failed")
+    from nvshmem_topk.testing import families
+
+    cases = 2 * sum(1 for _ in families(1))  # every family at each of the two world sizes
+    assert _cli("check", "--world-sizes", "1", "5").strip().endswith(f"{cases} passed, 0 failed")
 
 
 def test_demo_simulated():
@@ -52,3 +55,24 @@ def test_bench_over_score_families(tmp_path):
     assert [(r["dist"], r["I"]) for r in rows] == [("normal", 4), ("all_equal", 4)]
     assert [line.split()[0] for line in printed.splitlines()[-2:]] == ["normal", "all_equal"]
     assert printed.splitlines()[-2].split()[4] == "1.00x"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["demo", "--topk", "100"], "argument --topk: expected an integer in [32, 4096], a multiple of 32, got 100"),
+    (["check", "--world-sizes", "17"], "argument --world-sizes: expected an integer in [1, 16], got 17"),
+    (["bench", "--rows", "x"], "argument --rows: expected an integer, got 'x'"),
+])
+def test_bad_values_are_usage_errors(argv, message):
+    out = subprocess.run([sys.executable, "-m", "nvshmem_topk", *argv], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_triton_missing_says_how_to_install(monkeypatch):
+    import importlib.util
+
+    from nvshmem_topk.__main__ import main
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find_spec(name, *a))
+    with pytest.raises(SystemExit, match=r'pip install "nvshmem-topk\[triton\]"'):
+        main(["check", "--impl", "triton", "--world-sizes", "1"])

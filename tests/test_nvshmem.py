@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import torch
 
-from launch import TESTS, run_launched, run_ranks
+from launch import TESTS, family_merges, run_launched, run_ranks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,11 +34,12 @@ def _run(mode, exchange, timeout_s=400, world=WORLD, device_library="auto"):
 @pytest.mark.parametrize("exchange", ["push", "all_gather", "fcollect"])
 def test_every_family_exact_on_gpus(exchange):
     for r in _run("families", exchange):
-        assert r.returncode == 0 and f"rank {r.rank} ok 26" in r.output, r.output
+        assert r.returncode == 0 and f"rank {r.rank} ok {family_merges()}" in r.output, r.output
 
 
 @pytest.mark.skipif(WORLD < 2, reason="the device library reaches peers; one GPU has none")
-@pytest.mark.parametrize("mode,marker", [("families", "ok 26"), ("graph", "replays ok 1000")])
+@pytest.mark.parametrize("mode,marker", [("families", f"ok {family_merges()}"),
+                                         ("graph", "replays ok 1000")])
 def test_device_library_forced_for_every_peer_exact(mode, marker):
     """device_library='always': every peer through NVSHMEM's device library
     (puts, fence, atomic flags), no peer addresses at all."""
@@ -88,7 +89,8 @@ MPIEXEC = _hydra_mpiexec()
 
 @pytest.mark.skipif(MPIEXEC is None, reason="needs MPICH's Hydra mpiexec (a PMI-1 launcher)")
 @pytest.mark.parametrize("bootstrap,mode,marker", [
-    ("pmi", "families", "ok 26"), ("pmi", "graph", "replays ok 1000"), ("mpi", "families", "ok 26"),
+    ("pmi", "families", f"ok {family_merges()}"), ("pmi", "graph", "replays ok 1000"),
+    ("mpi", "families", f"ok {family_merges()}"),
 ])
 def test_launched_by_mpiexec_exact(bootstrap, mode, marker):
     """No torchrun, no torch.distributed: NVSHMEM's own PMI bootstrap, or the

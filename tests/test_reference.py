@@ -46,7 +46,6 @@ def test_pack_by_hand_is_ascending_local_id_and_empty_last():
     logits[0, 3] = 1.0
     packed = reference.pack(logits, torch.tensor([40], dtype=torch.int32), 32, 1 << 16)
     ord16, local, present = fmt.unpack_rows(packed, 32, 0)
-    assert local[0, :3].tolist() == [3, 7, 0] or local[0, :2].tolist() == [0, 1]
     # top-32 of 40: 2.0 at 7, 1.0 at 3, then zeros at the 30 lowest other ids
     expected = sorted([7, 3] + [i for i in range(40) if i not in (3, 7)][:30])
     assert local[0].tolist() == expected and present.all()
@@ -145,10 +144,10 @@ def test_ids_from_keys_sorted():
 def test_every_family_matches_the_oracle(world_size):
     for name, logits, ends, k, n, inter in families(world_size):
         ids = simulate_dcp_topk_merge(logits, ends, topk=k, local_topk=n, interleave=inter)
-        assert_exact(ids, oracle_topk(logits, ends, k, inter)), name
+        assert_exact(ids, oracle_topk(logits, ends, k, inter), context=name)
         ids_sorted = simulate_dcp_topk_merge(logits, ends, topk=k, local_topk=n, interleave=inter,
                                              sorted=True)
-        assert_exact(ids_sorted, oracle_topk(logits, ends, k, inter), ordered=True)
+        assert_exact(ids_sorted, oracle_topk(logits, ends, k, inter), ordered=True, context=name)
 
 
 def test_boundary_ties_saturate_a_rank_that_the_strict_rule_would_miss():
