@@ -15,7 +15,7 @@ its blocks of BLOCK tokens, so no program walks a row:
 2. filter (a program per block): each block counts its valid tokens, those
    >= floor (the candidates), >= probe and > probe, and writes its
    candidates' words, in order, to its region of the scratch.
-3. finish (a program per span of SPAN blocks) settles each row from the
+3. finish (a program per span of up to MAX_SPAN blocks) settles each row from the
    counts summed over its blocks, the same way in every program:
    - listed: n <= candidates <= ROOM, or every valid token is one. The first
      span's program selects from them in registers (one tile, or two).
@@ -48,7 +48,8 @@ from .sync import after_prior_kernel, dependent_launch, last_to_arrive
 
 BLOCK = tl.constexpr(4096)  # tokens a filter program reads; a power of two up to 2^16 (words carry 16 id bits)
 FILTER_WARPS = 4
-SPAN = tl.constexpr(4)  # blocks a finish or radix program covers
+SPANS = 8  # finish and radix programs per row, about: each covers a span of 1 to MAX_SPAN blocks
+MAX_SPAN = 4
 SPAN_WARPS = 8
 ESTIMATE_WARPS = 8
 MAX_GROUPS = 512  # the estimate samples at most 8 * MAX_GROUPS tokens
@@ -75,6 +76,12 @@ class Plan:
     tile: int
     groups: int
     blocks_p2: int
+
+    @property
+    def span(self) -> int:
+        """Blocks a finish or radix program covers: about SPANS programs a
+        row, so that an exact row's writes are spread even when it is short."""
+        return min(MAX_SPAN, max(1, self.blocks_p2 // SPANS))
 
     @property
     def room(self) -> int:
@@ -485,7 +492,8 @@ def _write_block(out_row, logits_ptr, row, logits_stride, block, end, threshold,
 
 @triton.jit
 def _write_span(out_row, logits_ptr, row, logits_stride, span, blocks, end, threshold, quota, offset, ties_before,
-                kept, equal, KNOWN: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr):
+                kept, equal, KNOWN: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                SPAN: tl.constexpr):
     """The span's blocks' kept tokens, in order, from slot ``offset``; the
     row's first ``quota`` threshold ties are kept, ``ties_before`` of them
     lie before the span. With KNOWN, ``kept`` and ``equal`` hold each
@@ -585,8 +593,8 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arriv
                   flag_ptrs, pes_ptr, logits_stride, width_limit, scratch_stride, max_rows, rank,
                   N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
                   REGION: tl.constexpr, BLOCKS_P2: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
-                  REGIONS_AT: tl.constexpr, TILE: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr,
-                  PDL: tl.constexpr):
+                  REGIONS_AT: tl.constexpr, TILE: tl.constexpr, SPAN: tl.constexpr, WORLD: tl.constexpr,
+                  LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Settles the row from the filter's counts: the first span selects from
     the candidates, every block with tokens to keep writes them, or every
     span histograms its high bytes for the radix steps."""
@@ -614,13 +622,14 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arriv
             if tl.sum(tl.where(mine, kept, 0), axis=0) > 0:  # spans with nothing to keep read nothing
                 _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span, blocks, end, threshold, quota,
                             tl.sum(tl.where(before, kept, 0), axis=0), tl.sum(tl.where(before, equal, 0), axis=0),
-                            kept, equal, True, N, PLANES, BLOCKS_P2)
+                            kept, equal, True, N, PLANES, BLOCKS_P2, SPAN)
             if WORLD > 0:
                 if last_to_arrive(arrivals_ptr + row, spans):
                     _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, words,
                              WORLD, LIST, LIBRARY_PEERS)
         else:
-            _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, end, 0, 0, False)
+            _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, end, 0, 0, False,
+                            SPAN)
 
 
 # -------------------------------------------------------------------- radix
@@ -628,7 +637,7 @@ def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arriv
 
 @triton.jit
 def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, end, high, AT: tl.constexpr,
-                    SELECT_LOW: tl.constexpr):
+                    SELECT_LOW: tl.constexpr, SPAN: tl.constexpr):
     """The span's histogram of the high byte of its scores (or, with
     SELECT_LOW, of the low byte of those whose high byte is ``high``), to
     word AT of the span's pair of histograms."""
@@ -655,7 +664,8 @@ def _summed(histograms, spans, AT: tl.constexpr):
 
 @triton.jit
 def radix_low_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride,
-                     rank, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, PDL: tl.constexpr):
+                     rank, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr,
+                     PDL: tl.constexpr):
     """Radix rows: the boundary bucket of the high byte over the row, then
     the span's histogram of the low byte inside it."""
     after_prior_kernel(PDL)
@@ -667,15 +677,15 @@ def radix_low_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stri
             histograms = scratch + HISTOGRAMS_AT
             high, _, _ = radix_boundary(_summed(histograms, tl.num_programs(0), 0), N)
             _span_histogram(histograms, logits_ptr, row, logits_stride, span, tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
-                            _row_end(row_ends_ptr, row, width_limit), high, 256, True)
+                            _row_end(row_ends_ptr, row, width_limit), high, 256, True, SPAN)
 
 
 @triton.jit
 def radix_write_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arrivals_ptr, epochs_ptr, peer_ptrs,
                        flag_ptrs, pes_ptr, logits_stride, width_limit, scratch_stride, max_rows, rank,
                        N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
-                       HISTOGRAMS_AT: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr,
-                       PDL: tl.constexpr):
+                       HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr, WORLD: tl.constexpr,
+                       LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Radix rows: the threshold from the two byte histograms, each span's
     tokens above it and tied with it from its own, then its kept tokens."""
     after_prior_kernel(PDL)
@@ -703,7 +713,7 @@ def radix_write_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, 
                 s += 1
             _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span,
                         tl.cdiv(tl.maximum(width_limit, 1), BLOCK), _row_end(row_ends_ptr, row, width_limit),
-                        high * 256 + low, quota, start, ties_before, digit, digit, False, N, PLANES, 256)
+                        high * 256 + low, quota, start, ties_before, digit, digit, False, N, PLANES, 256, SPAN)
             if WORLD > 0:
                 if last_to_arrive(arrivals_ptr + row, spans):
                     _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, words,
@@ -753,7 +763,7 @@ def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, 
     limit = min(width, max_local_len)
     p = plan(n, min(triton.next_power_of_2(max(limit, 1)), max_local_len))
     blocks = triton.cdiv(max(limit, 1), BLOCK.value)
-    spans = triton.cdiv(blocks, SPAN.value)
+    spans = triton.cdiv(blocks, p.span)
     words = out.shape[-1]
     pub = publish or Publish(row_ends, row_ends, row_ends, row_ends, 0, 0, 0)  # no peers: never read (WORLD = 0)
     listing = pub.list_slots > 0
@@ -769,12 +779,13 @@ def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, 
     filter_kernel[(blocks, rows)](scratch, *row, rank, REGION=p.region, REGIONS_AT=p.regions_at, LIST=listing,
                                   num_warps=FILTER_WARPS, **pdl)
     finish_kernel[(spans, rows)](out, scratch, *row[:3], *tail, **target, REGION=p.region, BLOCKS_P2=p.blocks_p2,
-                                 HISTOGRAMS_AT=p.histograms_at, REGIONS_AT=p.regions_at, TILE=p.tile, **peers,
+                                 HISTOGRAMS_AT=p.histograms_at, REGIONS_AT=p.regions_at, TILE=p.tile, SPAN=p.span,
+                                 **peers,
                                  num_warps=max(SPAN_WARPS, p.tile // 256), **pdl)
     radix_low_kernel[(spans, rows)](scratch, *row, rank, N=n, LIST=listing, HISTOGRAMS_AT=p.histograms_at,
-                                    num_warps=SPAN_WARPS, **pdl)
-    radix_write_kernel[(spans, rows)](out, scratch, *row[:3], *tail, **target, HISTOGRAMS_AT=p.histograms_at, **peers,
-                                      num_warps=SPAN_WARPS, **pdl)
+                                    SPAN=p.span, num_warps=SPAN_WARPS, **pdl)
+    radix_write_kernel[(spans, rows)](out, scratch, *row[:3], *tail, **target, HISTOGRAMS_AT=p.histograms_at,
+                                      SPAN=p.span, **peers, num_warps=SPAN_WARPS, **pdl)
 
 
 def scratch_for(rows: int, n: int, max_local_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -60,12 +60,12 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
                dict(REGION=plan.region, REGIONS_AT=plan.regions_at, LIST=listing), pack.FILTER_WARPS)
         yield (pack.finish_kernel, sig(pack.finish_kernel, out_ptr=P32, scratch_ptr=P32, **row, **peer_args),
                dict(target, REGION=plan.region, BLOCKS_P2=plan.blocks_p2, HISTOGRAMS_AT=plan.histograms_at,
-                    REGIONS_AT=plan.regions_at, TILE=plan.tile, **peers),
+                    REGIONS_AT=plan.regions_at, TILE=plan.tile, SPAN=plan.span, **peers),
                max(pack.SPAN_WARPS, plan.tile // 256))
         yield (pack.radix_low_kernel, sig(pack.radix_low_kernel, scratch_ptr=P32, **row),
-               dict(N=n, LIST=listing, HISTOGRAMS_AT=plan.histograms_at), pack.SPAN_WARPS)
+               dict(N=n, LIST=listing, HISTOGRAMS_AT=plan.histograms_at, SPAN=plan.span), pack.SPAN_WARPS)
         yield (pack.radix_write_kernel, sig(pack.radix_write_kernel, out_ptr=P32, scratch_ptr=P32, **row, **peer_args),
-               dict(target, HISTOGRAMS_AT=plan.histograms_at, **peers), pack.SPAN_WARPS)
+               dict(target, HISTOGRAMS_AT=plan.histograms_at, SPAN=plan.span, **peers), pack.SPAN_WARPS)
     words = local_topk + planes * (local_topk // 32)
     yield (exchange.push_rows_kernel, sig(exchange.push_rows_kernel, packed_ptr=P32, epochs_ptr=P32,
                                           gather_ptrs=P64, flag_ptrs=P64, pes_ptr=P32, max_rows=I32, rank=I32),
