@@ -415,11 +415,96 @@ def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl
 
 
 @triton.jit
+def _pair_words(bits, local):
+    """Candidate words of tokens whose bf16 bits sit in the high half of
+    ``bits`` (the low half zero), at ids ``local``: the high half, sign-folded
+    into ord16, over the inverted id (``keys.packed_word``)."""
+    return (bits ^ ((bits >> 31) & 0x7FFF0000) ^ -0x80000000) | (0xFFFF - (local & 0xFFFF))
+
+
+HALF = tl.constexpr(BLOCK.value // 2)  # tokens a filter program filters at once (its registers scale with it)
+
+
+@triton.jit
+def _half_pairs(row_ptr, block, half, end):
+    """(int32 pairs of tokens, their word ids) of half a block of a bf16
+    row, as [HALF / 8, 4]: a thread loads 4 words (8 adjacent tokens) at
+    once; NaN past the end (a pair's odd token when the end is odd). Needs
+    an even row stride and width and a 4-byte aligned base."""
+    w = block * (BLOCK // 2) + half * (HALF // 2) + tl.arange(0, HALF // 8)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    ptrs = row_ptr.to(tl.pointer_type(tl.int32)) + w
+    if (block + 1) * BLOCK <= end:
+        pair = tl.load(ptrs)
+    else:
+        pair = tl.load(ptrs, mask=2 * w < end, other=0x7FC07FC0)
+        pair = tl.where(2 * w + 1 < end, pair, (pair & 0xFFFF) | 0x7FC00000)
+    return pair, w
+
+
+@triton.jit
+def _block_pairs(row_ptr, block, end):
+    """Both halves of a block (``_half_pairs``), loaded at once."""
+    pair_0, w_0 = _half_pairs(row_ptr, block, 0, end)
+    pair_1, w_1 = _half_pairs(row_ptr, block, 1, end)
+    return pair_0, w_0, pair_1, w_1
+
+
+@triton.jit
+def _filter_half(region, pair, w, kept, score_floor, probe, REGION: tl.constexpr):
+    """One half block of ``_filter_pairs``: its candidates' words from slot
+    ``kept`` of the region; returns (kept, first counts, second counts)
+    with the half's added."""
+    even = (pair << 16).to(tl.float32, bitcast=True)
+    odd = (pair & -0x10000).to(tl.float32, bitcast=True)
+    take_even = (even >= score_floor).to(tl.int32)
+    take_odd = (odd >= score_floor).to(tl.int32)
+    taken = take_even + take_odd
+    valid = (even == even).to(tl.int32) + (odd == odd).to(tl.int32)
+    first = tl.sum(tl.sum(valid | (taken << 16), axis=1), axis=0)  # two counts a sum (each < 2^16)
+    pos = kept + _line_positions(taken)
+    tl.store(region + pos, _pair_words(pair << 16, 2 * w), mask=(take_even != 0) & (pos < REGION))
+    pos += take_even
+    tl.store(region + pos, _pair_words(pair & -0x10000, 2 * w + 1), mask=(take_odd != 0) & (pos < REGION))
+    second = tl.zeros((), dtype=tl.int32)
+    if probe != 0:
+        # ord16 of each token (the word's high half; NaN: 0, never counted)
+        score_even = tl.where(even == even, (_pair_words(pair << 16, 0) >> 16) & 0xFFFF, 0)
+        score_odd = tl.where(odd == odd, (_pair_words(pair & -0x10000, 0) >> 16) & 0xFFFF, 0)
+        reach = (score_even >= probe).to(tl.int32) + (score_odd >= probe).to(tl.int32)
+        above = (score_even > probe).to(tl.int32) + (score_odd > probe).to(tl.int32)
+        second = tl.sum(tl.sum(reach | (above << 16), axis=1), axis=0)
+    return kept + (first >> 16), first, second
+
+
+@triton.jit
+def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr):
+    """``_filter_block`` over a block of bf16 read as int32 pairs of tokens
+    (``_half_pairs``): each half of a word widens to fp32 with one
+    instruction, and the scans run over pairs, half a block at a time (each
+    half loaded before either is filtered)."""
+    first_pair, first_w, second_pair, second_w = pairs
+    score_floor = _score_floor(tl.load(scratch + FLOOR))
+    probe = tl.load(scratch + PROBE)
+    region = scratch + REGIONS_AT + block * REGION
+    kept, first, second = _filter_half(region, first_pair, first_w, 0, score_floor, probe, REGION)
+    kept, first_2, second_2 = _filter_half(region, second_pair, second_w, kept, score_floor, probe, REGION)
+    first += first_2
+    second += second_2
+    counts = scratch + HEADER + block * COUNT_FIELDS
+    tl.store(counts, first & 0xFFFF)
+    tl.store(counts + 1, first >> 16)
+    tl.store(counts + 2, second & 0xFFFF)
+    tl.store(counts + 3, second >> 16)
+
+
+@triton.jit
 def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank,
-                  REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr, PDL: tl.constexpr):
+                  REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr, PAIRS: tl.constexpr,
+                  PDL: tl.constexpr):
     """One read of the block: its counts and its candidates' words, in
     order, to its region (the first REGION of them: a block with more has
-    more candidates than any row that is settled from them)."""
+    more candidates than any row that is settled from them). PAIRS: bf16
+    rows read two tokens a word (``_filter_pairs``)."""
     block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
@@ -427,12 +512,20 @@ def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride,
     if LIST:  # only the saturated rows, known once the select has run
         after_prior_kernel(PDL)
         if _target(row, sat_ptr, rank, 1, 1, LIST)[0]:
-            x, local = _block_tokens(logits_ptr, row, logits_stride, block, end)
-            _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
-    else:
+            if PAIRS:
+                _filter_pairs(scratch, _block_pairs(logits_ptr + row * logits_stride, block, end), block, REGION,
+                              REGIONS_AT)
+            else:
+                x, local = _block_tokens(logits_ptr, row, logits_stride, block, end)
+                _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
+    elif PAIRS:
         # The logits and row ends were written before the estimate, which
         # waited for them before this kernel could launch: the block is read
         # while the estimate still runs, and only its floor waits for it.
+        pairs = _block_pairs(logits_ptr + row * logits_stride, block, end)
+        after_prior_kernel(PDL)
+        _filter_pairs(scratch, pairs, block, REGION, REGIONS_AT)
+    else:
         x, local = _block_tokens(logits_ptr, row, logits_stride, block, end)
         after_prior_kernel(PDL)
         _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
@@ -776,8 +869,10 @@ def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, 
     pdl = dependent_launch(out.device)
     estimate_kernel[(rows,)](out, scratch, *row, rank, N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing,
                              GROUPS=p.groups, ROOM=p.room, num_warps=ESTIMATE_WARPS, **pdl)
+    pairs = (logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0 and width % 2 == 0
+             and logits.data_ptr() % 4 == 0)
     filter_kernel[(blocks, rows)](scratch, *row, rank, REGION=p.region, REGIONS_AT=p.regions_at, LIST=listing,
-                                  num_warps=FILTER_WARPS, **pdl)
+                                  PAIRS=pairs, num_warps=FILTER_WARPS, **pdl)
     finish_kernel[(spans, rows)](out, scratch, *row[:3], *tail, **target, REGION=p.region, BLOCKS_P2=p.blocks_p2,
                                  HISTOGRAMS_AT=p.histograms_at, REGIONS_AT=p.regions_at, TILE=p.tile, SPAN=p.span,
                                  **peers,

@@ -57,7 +57,8 @@ def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: i
                dict(N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing, GROUPS=plan.groups, ROOM=plan.room),
                pack.ESTIMATE_WARPS)
         yield (pack.filter_kernel, sig(pack.filter_kernel, scratch_ptr=P32, **row),
-               dict(REGION=plan.region, REGIONS_AT=plan.regions_at, LIST=listing), pack.FILTER_WARPS)
+               dict(REGION=plan.region, REGIONS_AT=plan.regions_at, LIST=listing, PAIRS=logits == "*bf16"),
+               pack.FILTER_WARPS)
         yield (pack.finish_kernel, sig(pack.finish_kernel, out_ptr=P32, scratch_ptr=P32, **row, **peer_args),
                dict(target, REGION=plan.region, BLOCKS_P2=plan.blocks_p2, HISTOGRAMS_AT=plan.histograms_at,
                     REGIONS_AT=plan.regions_at, TILE=plan.tile, SPAN=plan.span, **peers),

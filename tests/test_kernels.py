@@ -163,7 +163,9 @@ def test_pack_every_path_matches_reference(monkeypatch):
     two, exactly on a probed tie (the ties straddling blocks), every valid
     token (fewer than n), and the radix steps (the sampled groups hold low
     scores, the rest of the row high ones: the floor lets almost every
-    token through). Planes past 2^16, fp32 scores."""
+    token through). Planes past 2^16, fp32 scores. The filter reads bf16
+    rows of an even width as pairs of tokens (odd row ends included), others
+    token by token (an odd width, fp32)."""
     from nvshmem_topk import reference
     from nvshmem_topk.kernels import pack
 
@@ -187,7 +189,7 @@ def test_pack_every_path_matches_reference(monkeypatch):
     listed, exact, radix = pack.LISTED.value, pack.EXACT.value, pack.RADIX.value
     cases = [("one tile", normal, n, listed), ("ties", ties, n, exact), ("fewer than n", few, n, listed),
              ("radix", attack, n, radix), ("planes", planes, n, listed), ("planes radix", planes_attack, 64, radix),
-             ("fp32", normal, n, listed)]
+             ("fp32", normal, n, listed), ("odd width", normal[:, 1:], n, listed)]
     for name, scores, k, mode in cases:
         logits = scores if name == "fp32" else scores.bfloat16()
         ends = torch.full((logits.shape[0],), logits.shape[1], dtype=torch.int32)
