@@ -5,7 +5,7 @@ decode-context-parallel group. See docs/design.md.
 use, NVSHMEM only when an NVSHMEM group is built."""
 
 from . import ops  # noqa: F401  (registers torch.ops.nvshmem_topk.*)
-from ._backends import RowsOutput
+from .protocol import RowsOutput
 from .api import (
     dcp_topk_exchange,
     dcp_topk_merge,

@@ -25,7 +25,7 @@ import time
 import torch
 
 from . import format as fmt
-from ._backends import resolve_impl
+from .protocol import resolve_impl
 from .api import simulate_dcp_topk_merge
 from .baseline import generic_merge_compute
 from .testing import SCORE_FAMILIES, families, family_scores, indexer_like_logits, shard

@@ -7,8 +7,8 @@ from unittest import mock
 
 import torch
 
-from ._backends import Outputs, backend
-from .api import _run_merge, init_dcp_topk_merge
+from .protocol import Outputs, backend, run_merge
+from .api import init_dcp_topk_merge
 from .groups.simulated import SimulatedGroup
 
 
@@ -31,7 +31,7 @@ class SimulatedMerge:
         self._rows = rows
 
     def __call__(self) -> None:
-        _run_merge(self.workspaces, *self._inputs, self.outputs, self._rows)
+        run_merge(self.workspaces, *self._inputs, self.outputs, self._rows)
 
     def select_alone(self):
         """Rank 0's select stage alone (the select, then the saturated push's

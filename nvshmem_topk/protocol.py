@@ -1,8 +1,16 @@
-"""Stage dispatch: maps a workspace's buffers onto one implementation.
+"""The merge's protocol, written once (docs/design.md, "Protocol"): the
+epoch and buffer-parity rule, the stages of each implementation, the
+round-1 exchanges and the stage sequence.
 
-The reference backend drives ``reference`` through peer tensor views; the
-Triton backend drives ``nvshmem_topk.kernels`` through peer address tables.
-Both run the same protocol (docs/design.md, "Protocol")."""
+Epochs: a workspace keeps each row's last finished epoch; a call merges the
+row at the next one. Round-1 rows land in the gather buffer half of that
+epoch's parity, so that a fast peer's next merge never overwrites rows a
+slow rank still reads, and a flag counts as raised once it is >= the epoch
+(a peer may already be one ahead). The kernels' side of the rule is
+``kernels/exchange.py`` (``call_epoch``, ``gather_slot``).
+
+The reference stages drive ``reference`` through peer tensor views; the
+Triton stages drive ``nvshmem_topk.kernels`` through peer address tables."""
 
 from __future__ import annotations
 
@@ -41,7 +49,31 @@ class Outputs:
     sorted: bool
 
 
+# ------------------------------------------------------------------ epochs
+
+
+def call_epochs(ws: DcpTopkWorkspace, rows: int) -> torch.Tensor:
+    """int32 [rows]: the epoch this call merges each row at."""
+    return ws.epochs[:rows] + 1
+
+
+def parity(epochs: torch.Tensor) -> torch.Tensor:
+    """The gather buffer half (int64, for indexing) of each row's epoch."""
+    return (epochs & 1).long()
+
+
+def gathered(ws: DcpTopkWorkspace, epochs: torch.Tensor) -> torch.Tensor:
+    """This epoch's round-1 rows [W, T, words] from the local gather buffer."""
+    rows = torch.arange(epochs.shape[0], device=ws.device)
+    senders = torch.arange(ws.world_size, device=ws.device)[:, None]
+    return ws.gather.local[parity(epochs)[None, :], senders, rows[None, :]]
+
+
+# ----------------------------------------------------------------- stages
+
+
 IMPLS = ("reference", "triton")
+EXCHANGES = ("push", "all_gather", "fcollect")  # how round-1 rows travel (``exchange``)
 
 
 def resolve_impl(impl: str | None, device: torch.device) -> str:
@@ -64,14 +96,6 @@ def backend(impl: str):
     return ReferenceBackend() if impl == "reference" else TritonBackend()
 
 
-def _gathered(ws: DcpTopkWorkspace, epochs: torch.Tensor) -> torch.Tensor:
-    """This epoch's round-1 rows [W, T, words] from the local gather buffer."""
-    rows = epochs.shape[0]
-    parity = (epochs & 1).long()
-    senders = torch.arange(ws.world_size, device=ws.device)[:, None]
-    return ws.gather.local[parity[None, :], senders, torch.arange(rows, device=ws.device)[None, :]]
-
-
 class ReferenceBackend:
     """The protocol in eager torch (host-side bounded waits; syncs freely)."""
 
@@ -86,11 +110,10 @@ class ReferenceBackend:
     @staticmethod
     def push_rows(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
         rows = packed.shape[0]
-        epochs = ws.epochs[:rows] + 1
-        parity = (epochs & 1).long()
+        epochs = call_epochs(ws, rows)
         index = torch.arange(rows, device=ws.device)
         for peer_gather, peer_flags in zip(ws.gather.peers, ws.flags.peers):
-            peer_gather[parity, ws.rank, index] = packed
+            peer_gather[parity(epochs), ws.rank, index] = packed
             peer_flags[0, ws.rank, :rows] = epochs
 
     @classmethod
@@ -100,14 +123,14 @@ class ReferenceBackend:
 
     @staticmethod
     def select(ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
-        epochs = ws.epochs[:rows] + 1
+        epochs = call_epochs(ws, rows)
         need = torch.ones((ws.world_size, rows), dtype=torch.bool, device=ws.device)
         missing = reference.wait_flags(ws.flags.local[0, :, :rows], need, epochs, ws.timeout_s)
         if missing:
             ws.record_timeout(*missing)
             return
         selected, sat = reference.select(
-            _gathered(ws, epochs), topk=ws.topk, local_topk=ws.local_topk,
+            gathered(ws, epochs), topk=ws.topk, local_topk=ws.local_topk,
             world_size=ws.world_size, interleave=ws.interleave, max_local_len=ws.max_local_len,
         )
         ws.sat[:rows] = sat
@@ -123,7 +146,7 @@ class ReferenceBackend:
 
     @staticmethod
     def rescue(ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
-        epochs = ws.epochs[:rows] + 1
+        epochs = call_epochs(ws, rows)
         sat = ws.sat[:rows]
         mask = fmt.sat_mask(sat)
         ranks = torch.arange(ws.world_size, device=ws.device)[:, None]
@@ -135,7 +158,7 @@ class ReferenceBackend:
         todo = (mask != 0).nonzero().flatten()
         if todo.numel():
             selected = reference.rescue(
-                _gathered(ws, epochs)[:, todo], sat[todo], ws.recv.local[todo], topk=ws.topk,
+                gathered(ws, epochs)[:, todo], sat[todo], ws.recv.local[todo], topk=ws.topk,
                 local_topk=ws.local_topk, world_size=ws.world_size, interleave=ws.interleave,
                 max_local_len=ws.max_local_len,
             )
@@ -228,3 +251,65 @@ class TritonBackend:
         from .kernels import select
 
         select.rescue(**cls._common(ws, rows, out), slots=ws.slots, recv=ws.recv.local)
+
+
+# ------------------------------------------------------------- sequence
+
+
+def _collected(ws: DcpTopkWorkspace, packed: torch.Tensor) -> torch.Tensor:
+    """Every rank's rows [W, T, words] by a collective: NVSHMEM fcollect
+    (into symmetric memory) or the group's all-gather (bounded)."""
+    if ws.exchange == "fcollect":
+        gathered_rows = ws.collect_dst.local[: ws.world_size * packed.numel()]
+        gathered_rows = gathered_rows.view(ws.world_size, *packed.shape)
+        ws.group.fcollect(gathered_rows, packed)
+        return gathered_rows
+    try:
+        return ws.group.all_gather(packed, ws.timeout_s)
+    except TimeoutError:
+        ws.record_timeout(0, -1, -1)
+        ws.check()
+        raise
+
+
+def exchange(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
+    """Round-1 rows of every rank into this rank's gather buffer (this
+    epoch's parity) and their flags raised: pushed by this rank to every
+    peer, or gathered by a collective and copied in."""
+    rows = packed.shape[0]
+    if ws.exchange == "fcollect" or ws.library_peers:  # they read symmetric memory
+        staged = ws.staging.local[:rows]
+        if packed.data_ptr() != staged.data_ptr():
+            staged.copy_(packed)
+        packed = staged
+    if ws.exchange == "push":
+        backend(ws.impl).push_rows(ws, packed)
+        return
+    epochs = call_epochs(ws, rows)
+    ws.gather.local[parity(epochs), :, torch.arange(rows, device=ws.device)] = _collected(ws, packed).transpose(0, 1)
+    ws.flags.local[0, :, :rows] = epochs
+
+
+def run_merge(workspaces: list[DcpTopkWorkspace], logits, row_ends, outputs: list[Outputs], rows: int,
+              packed=None) -> None:
+    """pack -> exchange -> select -> rescue of ``rows`` rows, each stage for
+    every rank given before the next stage starts (one rank on a real group;
+    all virtual ranks on a simulated one). ``packed``: per rank, round-1
+    rows that replace the pack, or None."""
+    impls = [backend(ws.impl) for ws in workspaces]
+    for r, (ws, impl) in enumerate(zip(workspaces, impls)):
+        mine = packed[r] if packed is not None else None
+        if mine is None:  # fcollect and device-library puts read symmetric memory: pack straight into it
+            mine = ws.staging.local[:rows]
+            if ws.exchange == "push" and not ws.library_peers:  # the pack pushes its rows itself
+                impl.pack_and_push(ws, logits[r][:rows], row_ends[r][:rows], mine)
+                continue
+            impl.pack(logits[r][:rows], row_ends[r][:rows], mine, local_topk=ws.local_topk,
+                      max_local_len=ws.max_local_len)
+        exchange(ws, mine)
+    for r, (ws, impl) in enumerate(zip(workspaces, impls)):
+        impl.select(ws, logits[r], row_ends[r], rows, outputs[r])
+    for r, (ws, impl) in enumerate(zip(workspaces, impls)):
+        impl.rescue(ws, logits[r], row_ends[r], rows, outputs[r])
+    for ws in workspaces:
+        ws.check()
