@@ -12,7 +12,15 @@ import triton.language as tl
 
 from . import nvshmem_device
 from .keys import MAX_PEERS
-from .sync import after_prior_kernel, dependent_launch, release_flags
+from .launch import Launch
+from .sync import after_prior_kernel, release_flags, uses_pdl
+
+
+@triton.jit
+def call_epoch(epochs_ptr, row):
+    """The epoch this call merges ``row`` at: one past its last finished
+    one (``epochs_ptr``), the rule of ``nvshmem_topk/protocol.py``."""
+    return tl.load(epochs_ptr + row) + 1
 
 
 @triton.jit
@@ -78,7 +86,7 @@ def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, pes_ptr, ma
                      PDL: tl.constexpr):
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
-    epoch = tl.load(epochs_ptr + row) + 1
+    epoch = call_epoch(epochs_ptr, row)
     dest = gather_slot(row, epoch, max_rows, rank, WORDS, WORLD)
     store_to_peers(packed_ptr + row * WORDS, gather_ptrs, dest, -1, WORDS, WORLD, LIBRARY_PEERS, BLOCK)
     if LIBRARY_PEERS != 0:  # compile-time: the address-only kernel links nothing
@@ -89,8 +97,8 @@ def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, pes_ptr, ma
     release_peers(flag_ptrs, rank * max_rows + row, epoch, WORLD, LIBRARY_PEERS)
 
 
-def push_rows(packed, epochs, gather_ptrs, flag_ptrs, pes, *, max_rows: int, rank: int, world_size: int,
-              library_peers: int) -> None:
+def push_rows_launch(packed, epochs, gather_ptrs, flag_ptrs, pes, *, max_rows: int, rank: int, world_size: int,
+                     library_peers: int) -> Launch:
     """packed: int32 [T, words]; epochs: int32 [>= T] (this call is epoch+1);
     gather_ptrs / flag_ptrs: int64 [W] peer addresses of the symmetric
     gather buffers [2, W, max_rows, words] and flags [2, W, max_rows]
@@ -98,9 +106,11 @@ def push_rows(packed, epochs, gather_ptrs, flag_ptrs, pes, *, max_rows: int, ran
     each rank; library_peers: bitmask of the ranks reached through NVSHMEM's
     device library (their address entries are not used)."""
     rows, words = packed.shape
-    if rows == 0:
-        return
-    options = nvshmem_device.launch_options() if library_peers else {}
-    push_rows_kernel[(rows,)](packed, epochs, gather_ptrs, flag_ptrs, pes, max_rows, rank,
-                              WORDS=words, WORLD=world_size, LIBRARY_PEERS=library_peers, BLOCK=512, num_warps=4,
-                              **options, **dependent_launch(packed.device))
+    return Launch(push_rows_kernel, (rows,), (packed, epochs, gather_ptrs, flag_ptrs, pes, max_rows, rank),
+                  dict(WORDS=words, WORLD=world_size, LIBRARY_PEERS=library_peers, BLOCK=512,
+                       PDL=uses_pdl(packed.device)), 4)
+
+
+def push_rows(packed, *args, **kw) -> None:
+    if packed.shape[0]:
+        push_rows_launch(packed, *args, **kw)()

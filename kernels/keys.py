@@ -107,6 +107,18 @@ def near_bin(top, level):
     spans 254 steps, and a histogram's cost grows with its bins."""
     distance = tl.minimum(tl.maximum(top - level, 0), NEAR_BINS - 1)
     return -(distance - (NEAR_BINS - 1))  # tensor - constexpr: the interpreter keeps a tensor
+@triton.jit
+def near_boundary(level, present, need):
+    """(boundary level, bucket, above, in_bucket) of the ``need``-th largest
+    of the present ``level``s, from one histogram of how far each lies below
+    the top one (``near_bin``): ``radix_boundary``'s bucket, above and count
+    in it, and the level that bucket stands for (meaningful for a bucket
+    above 0: bin 0 gathers every level NEAR_BINS - 1 or more below the top)."""
+    top = tl.max(tl.where(present, level, 0), axis=0)
+    bucket, above, in_bucket = radix_boundary(tl.histogram(near_bin(top, level), NEAR_BINS, mask=present), need)
+    return top - (NEAR_BINS - 1) + bucket, bucket, above, in_bucket
+
+
 # The tie tile's radix runs in 7-bit digits, not 8 (the score's last bit and a
 # 17-bit gid: passes of 7, 7 and 4 bits): a histogram's cost grows with its
 # bins (H200, select at T = 64: 0.7 to 0.9 us faster at W = 2 and 16, 0.1 at 8).
@@ -166,9 +178,7 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
     flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
     present = flat != 0
     level = (flat >> level_shift).to(tl.int32)
-    top = tl.max(tl.where(present, level, 0), axis=0)
-    bucket, above, bucket_count = radix_boundary(tl.histogram(near_bin(top, level), NEAR_BINS, mask=present), k)
-    boundary = top - (NEAR_BINS - 1) + bucket
+    boundary, bucket, above, bucket_count = near_boundary(level, present, k)
     prefix = boundary.to(tl.int64) << level_shift
     need = k - above
     selected = tl.where(bucket < 0, above, k)  # no bin reaches k: above counts every key
@@ -210,15 +220,17 @@ def flat_positions(flags):
 
 
 @triton.jit
-def emit_selected(keys, kappa, count, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
-                  num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank,
-                  TOPK: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr,
-                  GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr,
-                  SORTED: tl.constexpr):
+def emit_selected(keys, kappa, count, row, outputs, rank, TOPK: tl.constexpr, WORLD: tl.constexpr,
+                  INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
+                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr):
     """Write the keys >= kappa (a 2-D [ranks, slots] tensor in candidate
     order; ``count`` of them, known to the caller) as ids and/or this rank's
     physical rows of ``row``: compacted in candidate order (or by descending
-    key when SORTED), -1 after."""
+    key when SORTED), -1 after. ``outputs``: (ids_ptr, rows_ptr, valid_ptr,
+    req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size,
+    stride_rows, rows_stride), as ``select.output_args`` builds it."""
+    (ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows,
+     rows_stride) = outputs
     chosen = (keys >= kappa) & (keys != 0)
     if SORTED:
         flat = tl.sort(tl.reshape(tl.where(chosen, keys, 0), (keys.shape[0] * keys.shape[1],)),

@@ -40,11 +40,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import nvshmem_device
-from .exchange import push_list, push_row
-from .keys import (MAX_PEERS, MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, bf16_bits, is_nan_bits, near_bin, ord16,
-                   packed_word, radix_boundary, score_bits)
-from .sync import after_prior_kernel, dependent_launch, last_to_arrive
+from .exchange import call_epoch, push_list, push_row
+from .keys import (MAX_PEERS, MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, bf16_bits, is_nan_bits, near_bin, near_boundary,
+                   ord16, packed_word, radix_boundary, score_bits)
+from .launch import Launch
+from .sync import after_prior_kernel, last_to_arrive, uses_pdl
 
 BLOCK = tl.constexpr(4096)  # tokens a filter program reads; a power of two up to 2^16 (words carry 16 id bits)
 FILTER_WARPS = 4
@@ -55,6 +55,7 @@ ESTIMATE_WARPS = 8
 MAX_GROUPS = 512  # the estimate samples at most 8 * MAX_GROUPS tokens
 SAMPLE_RANK = tl.constexpr(256)  # the sample is sized to hold about this many of the row's top-n
 MAX_TILE = 4096
+SIGMAS = tl.constexpr(4)  # the estimate's margin, in standard deviations of the sample's count
 
 # Scratch of a row (int32): the estimate's floor and probe and the row's
 # settling, then per block its four counts, per span its two histograms
@@ -107,9 +108,17 @@ class Plan:
 
 
 def _margin(rank: float) -> float:
-    """The sample rank of the floor: four standard deviations (the variance
-    doubled, for tokens that come in correlated groups) below ``rank``."""
-    return rank + 4 * math.sqrt(2 * rank) + 4
+    """The sample rank of the floor: SIGMAS standard deviations (the variance
+    doubled, for tokens that come in correlated groups) below ``rank``, as
+    the estimate computes it."""
+    return rank + SIGMAS.value * math.sqrt(2 * rank) + SIGMAS.value
+
+
+def expected_candidates(n: int, rank: float) -> float:
+    """A row's candidates, SIGMAS standard deviations above their expected
+    count n r_lo / r (the sample's r_lo-th score standing for the n-th)."""
+    floor_rank = _margin(rank)
+    return n * (floor_rank + SIGMAS.value * math.sqrt(floor_rank)) / rank
 
 
 def plan(n: int, max_local_len: int) -> Plan:
@@ -119,9 +128,7 @@ def plan(n: int, max_local_len: int) -> Plan:
     is about n r_lo / r, the sample's r_lo-th score standing for the n-th."""
     groups = min(MAX_GROUPS, max(64, triton.next_power_of_2(math.ceil(SAMPLE_RANK.value * max_local_len / (8 * n)))))
     rank = max(1.0, min(SAMPLE_RANK.value, n * 8 * groups / max_local_len))
-    floor_rank = _margin(rank)
-    expected = n * (floor_rank + 4 * math.sqrt(floor_rank)) / rank
-    tile = min(max(256, triton.next_power_of_2(math.ceil(expected))), MAX_TILE)
+    tile = min(max(256, triton.next_power_of_2(math.ceil(expected_candidates(n, rank)))), MAX_TILE)
     blocks_p2 = triton.next_power_of_2(triton.cdiv(max_local_len, BLOCK.value))
     return Plan(n=n, tile=tile, groups=groups, blocks_p2=blocks_p2)
 
@@ -228,10 +235,8 @@ def _tile_threshold(score, valid, need):
     NEAR_BINS - 1 - distance, bin 0 for NEAR_BINS - 1 levels or more), then
     a count of the boundary level's upper score. Only when the boundary
     falls in bin 0 do the two byte histograms run."""
-    level = score >> 1
-    top = tl.max(tl.where(valid, level, 0), axis=0)
-    bucket, above, _ = radix_boundary(tl.histogram(near_bin(top, level), NEAR_BINS, mask=valid), need)
-    upper = (top - (NEAR_BINS - 1) + bucket) * 2 + 1
+    boundary, bucket, above, _ = near_boundary(score >> 1, valid, need)
+    upper = boundary * 2 + 1
     ties_taken = need - above
     upper_count = tl.sum((valid & (score == upper)).to(tl.int32), axis=0)
     threshold = tl.where(ties_taken <= upper_count, upper, upper - 1)
@@ -305,11 +310,11 @@ def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
     score = tl.reshape(tl.where((g < groups)[:, None], score, 0), (GROUPS * 8,), can_reorder=True)
     valid = score != 0
     r = tl.maximum((N * 8 * groups + end - 1) // end, 1).to(tl.int32)
-    r_lo = r + tl.ceil(4.0 * tl.sqrt(2.0 * r.to(tl.float32))).to(tl.int32) + 4
+    r_lo = r + tl.ceil(tl.sqrt(2.0 * r.to(tl.float32)) * SIGMAS).to(tl.int32) + SIGMAS
     top = tl.max(tl.where(valid, score >> 1, 0), axis=0)
     hist = tl.histogram(near_bin(top, score >> 1), NEAR_BINS, mask=valid)
     bucket, above, in_level = radix_boundary(hist, r)
-    low_bucket, _, _ = radix_boundary(hist, r_lo)
+    low_bucket, _, _ = radix_boundary(hist, r_lo)  # the same histogram ranks both: not near_boundary
     shift = tl.full((), 1, tl.int32)
     low_top = top
     for coarser in tl.static_range(2):
@@ -335,10 +340,12 @@ def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
 
 
 @triton.jit
-def estimate_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit,
-                    scratch_stride, rank, N: tl.constexpr, WORDS: tl.constexpr, SLOTS: tl.constexpr,
+def estimate_kernel(out_ptr, scratch_ptr, rows, N: tl.constexpr, WORDS: tl.constexpr, SLOTS: tl.constexpr,
                     LIST: tl.constexpr, GROUPS: tl.constexpr, ROOM: tl.constexpr, PDL: tl.constexpr):
-    """The row's floor and probe into its scratch; its output row zeroed."""
+    """The row's floor and probe into its scratch; its output row zeroed.
+    ``rows``: (logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit,
+    scratch_stride, rank), the same in every kernel of the pipeline."""
+    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     active, offset = _target(row, sat_ptr, rank, WORDS, SLOTS, LIST)
@@ -498,13 +505,13 @@ def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.co
 
 
 @triton.jit
-def filter_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank,
-                  REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr, PAIRS: tl.constexpr,
+def filter_kernel(scratch_ptr, rows, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr, PAIRS: tl.constexpr,
                   PDL: tl.constexpr):
     """One read of the block: its counts and its candidates' words, in
     order, to its region (the first REGION of them: a block with more has
     more candidates than any row that is settled from them). PAIRS: bf16
     rows read two tokens a word (``_filter_pairs``)."""
+    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
     block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
@@ -673,7 +680,7 @@ def _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, ma
     slots. Without peers (the pack alone) nothing."""
     if WORLD > 0:
         tl.debug_barrier()  # the whole row, plane bits included, is written before any thread reads it
-        epoch = tl.load(epochs_ptr + row) + 1
+        epoch = call_epoch(epochs_ptr, row)
         if LIST:
             push_list(out_ptr + offset, offset, row, rank, epoch, peer_ptrs, flag_ptrs, pes_ptr, max_rows, WORDS, WORLD,
                       LIBRARY_PEERS, 1024)
@@ -682,15 +689,17 @@ def _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, ma
 
 
 @triton.jit
-def finish_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arrivals_ptr, epochs_ptr, peer_ptrs,
-                  flag_ptrs, pes_ptr, logits_stride, width_limit, scratch_stride, max_rows, rank,
-                  N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
+def finish_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
                   REGION: tl.constexpr, BLOCKS_P2: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
                   REGIONS_AT: tl.constexpr, TILE: tl.constexpr, SPAN: tl.constexpr, WORLD: tl.constexpr,
                   LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Settles the row from the filter's counts: the first span selects from
     the candidates, every block with tokens to keep writes them, or every
-    span histograms its high bytes for the radix steps."""
+    span histograms its high bytes for the radix steps. ``peers``:
+    (arrivals_ptr, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows),
+    where finished rows go (``Publish``)."""
+    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
+    arrivals_ptr, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows = peers
     after_prior_kernel(PDL)
     words: tl.constexpr = N + PLANES * (N // 32)
     span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
@@ -756,11 +765,11 @@ def _summed(histograms, spans, AT: tl.constexpr):
 
 
 @triton.jit
-def radix_low_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride,
-                     rank, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr,
+def radix_low_kernel(scratch_ptr, rows, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr,
                      PDL: tl.constexpr):
     """Radix rows: the boundary bucket of the high byte over the row, then
     the span's histogram of the low byte inside it."""
+    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     span = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -774,13 +783,13 @@ def radix_low_kernel(scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, logits_stri
 
 
 @triton.jit
-def radix_write_kernel(out_ptr, scratch_ptr, logits_ptr, row_ends_ptr, sat_ptr, arrivals_ptr, epochs_ptr, peer_ptrs,
-                       flag_ptrs, pes_ptr, logits_stride, width_limit, scratch_stride, max_rows, rank,
-                       N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
+def radix_write_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
                        HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr, WORLD: tl.constexpr,
                        LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Radix rows: the threshold from the two byte histograms, each span's
     tokens above it and tied with it from its own, then its kept tokens."""
+    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
+    arrivals_ptr, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows = peers
     after_prior_kernel(PDL)
     words: tl.constexpr = N + PLANES * (N // 32)
     span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
@@ -841,6 +850,43 @@ def _planes(words: int, n: int) -> int:
     return (words - n) // (n // 32)
 
 
+def pipeline(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
+             publish: Publish | None = None) -> list[Launch]:
+    """The five launches of ``select_local`` (none for no rows)."""
+    rows, width = logits.shape
+    if rows == 0:
+        return []
+    limit = min(width, max_local_len)
+    p = plan(n, min(triton.next_power_of_2(max(limit, 1)), max_local_len))
+    blocks = triton.cdiv(max(limit, 1), BLOCK.value)
+    spans = triton.cdiv(blocks, p.span)
+    words = out.shape[-1]
+    pub = publish or Publish(row_ends, row_ends, row_ends, row_ends, 0, 0, 0)  # no peers: never read (WORLD = 0)
+    listing = pub.list_slots > 0
+    rows_arg = (logits, row_ends, pub.sat if listing else row_ends, logits.stride(0), limit, scratch.stride(0),
+                pub.rank)
+    peers_arg = (arrivals, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, pub.max_rows)
+    pdl = uses_pdl(out.device)
+    target = dict(N=n, PLANES=_planes(words, n), SLOTS=max(pub.list_slots, 1), LIST=listing, PDL=pdl)
+    peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers)
+    pairs = (logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0 and width % 2 == 0
+             and logits.data_ptr() % 4 == 0)
+    return [
+        Launch(estimate_kernel, (rows,), (out, scratch, rows_arg),
+               dict(N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing, GROUPS=p.groups, ROOM=p.room, PDL=pdl),
+               ESTIMATE_WARPS),
+        Launch(filter_kernel, (blocks, rows), (scratch, rows_arg),
+               dict(REGION=p.region, REGIONS_AT=p.regions_at, LIST=listing, PAIRS=pairs, PDL=pdl), FILTER_WARPS),
+        Launch(finish_kernel, (spans, rows), (out, scratch, rows_arg, peers_arg),
+               dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, HISTOGRAMS_AT=p.histograms_at,
+                    REGIONS_AT=p.regions_at, TILE=p.tile, SPAN=p.span, **peers), max(SPAN_WARPS, p.tile // 256)),
+        Launch(radix_low_kernel, (spans, rows), (scratch, rows_arg),
+               dict(N=n, LIST=listing, HISTOGRAMS_AT=p.histograms_at, SPAN=p.span, PDL=pdl), SPAN_WARPS),
+        Launch(radix_write_kernel, (spans, rows), (out, scratch, rows_arg, peers_arg),
+               dict(target, HISTOGRAMS_AT=p.histograms_at, SPAN=p.span, **peers), SPAN_WARPS),
+    ]
+
+
 def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
                  publish: Publish | None = None) -> None:
     """The packed local top-``n`` of every row of ``logits`` [T, S] (bf16 or
@@ -850,37 +896,9 @@ def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, 
     scratch: int32 [>= T, plan(n, max_local_len).scratch_words] (enough for
     any narrower call, which is planned for its own width); arrivals:
     int32 [>= T], zero between calls (the kernels leave them so)."""
-    rows, width = logits.shape
-    if rows == 0:
-        return
-    limit = min(width, max_local_len)
-    p = plan(n, min(triton.next_power_of_2(max(limit, 1)), max_local_len))
-    blocks = triton.cdiv(max(limit, 1), BLOCK.value)
-    spans = triton.cdiv(blocks, p.span)
-    words = out.shape[-1]
-    pub = publish or Publish(row_ends, row_ends, row_ends, row_ends, 0, 0, 0)  # no peers: never read (WORLD = 0)
-    listing = pub.list_slots > 0
-    rank = pub.rank
-    row = (logits, row_ends, pub.sat if listing else row_ends, logits.stride(0), limit, scratch.stride(0))
-    target = dict(N=n, PLANES=_planes(words, n), SLOTS=max(pub.list_slots, 1), LIST=listing)
-    peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers,
-                 **(nvshmem_device.launch_options() if pub.library_peers else {}))
-    tail = (arrivals, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, *row[3:], pub.max_rows, rank)
-    pdl = dependent_launch(out.device)
-    estimate_kernel[(rows,)](out, scratch, *row, rank, N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing,
-                             GROUPS=p.groups, ROOM=p.room, num_warps=ESTIMATE_WARPS, **pdl)
-    pairs = (logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0 and width % 2 == 0
-             and logits.data_ptr() % 4 == 0)
-    filter_kernel[(blocks, rows)](scratch, *row, rank, REGION=p.region, REGIONS_AT=p.regions_at, LIST=listing,
-                                  PAIRS=pairs, num_warps=FILTER_WARPS, **pdl)
-    finish_kernel[(spans, rows)](out, scratch, *row[:3], *tail, **target, REGION=p.region, BLOCKS_P2=p.blocks_p2,
-                                 HISTOGRAMS_AT=p.histograms_at, REGIONS_AT=p.regions_at, TILE=p.tile, SPAN=p.span,
-                                 **peers,
-                                 num_warps=max(SPAN_WARPS, p.tile // 256), **pdl)
-    radix_low_kernel[(spans, rows)](scratch, *row, rank, N=n, LIST=listing, HISTOGRAMS_AT=p.histograms_at,
-                                    SPAN=p.span, num_warps=SPAN_WARPS, **pdl)
-    radix_write_kernel[(spans, rows)](out, scratch, *row[:3], *tail, **target, HISTOGRAMS_AT=p.histograms_at,
-                                      SPAN=p.span, **peers, num_warps=SPAN_WARPS, **pdl)
+    for launch in pipeline(out, logits, row_ends, n=n, max_local_len=max_local_len, scratch=scratch,
+                           arrivals=arrivals, publish=publish):
+        launch()
 
 
 def scratch_for(rows: int, n: int, max_local_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -927,11 +945,14 @@ def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_ends_ptr, logits_strid
             tl.store(out_row + N + p * (N // 32) + group, plane, mask=group < N // 32)
 
 
-def pack_indices(out, logits, local_idx, row_ends, *, max_local_len: int) -> None:
+def pack_indices_launch(out, logits, local_idx, row_ends, *, max_local_len: int) -> Launch:
     rows, width = logits.shape
     n = local_idx.shape[1]
-    if rows == 0:
-        return
-    pack_indices_kernel[(rows,)](out, logits, local_idx, row_ends, logits.stride(0), local_idx.stride(0),
-                                 min(width, max_local_len), N=n, PLANES=_planes(out.shape[1], n),
-                                 GROUPS=8, num_warps=4, **dependent_launch(out.device))
+    return Launch(pack_indices_kernel, (rows,),
+                  (out, logits, local_idx, row_ends, logits.stride(0), local_idx.stride(0), min(width, max_local_len)),
+                  dict(N=n, PLANES=_planes(out.shape[1], n), GROUPS=8, PDL=uses_pdl(out.device)), 4)
+
+
+def pack_indices(out, logits, local_idx, row_ends, *, max_local_len: int) -> None:
+    if logits.shape[0]:
+        pack_indices_launch(out, logits, local_idx, row_ends, max_local_len=max_local_len)()

@@ -16,8 +16,9 @@ import triton.language as tl
 
 from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, TIE_TILE, decode_keys, emit_selected, kth_largest,
                    radix_boundary, radix_digit_histogram)
-from .exchange import gather_slot
-from .sync import after_prior_kernel, dependent_launch, record_timeout, wait_flags_at_least
+from .exchange import call_epoch, gather_slot
+from .launch import Launch
+from .sync import after_prior_kernel, record_timeout, uses_pdl, wait_flags_at_least
 
 
 @triton.jit
@@ -36,16 +37,17 @@ def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr,
 
 
 @triton.jit
-def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, ties_ptr, gather_ptr, flags_ptr, epochs_ptr,
-                  req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride,
-                  max_rows, rank, max_spins,
+def select_kernel(outputs, waits, sat_ptr, ties_ptr, gather_ptr, epochs_ptr, max_rows, rank,
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
                   WORLD_P2: tl.constexpr, N_P2: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr,
                   EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
+    """``outputs``: as ``emit_selected`` takes them; ``waits``: (flags_ptr,
+    status_ptr, max_spins), the bounded wait's flags and record."""
     after_prior_kernel(PDL)
+    flags_ptr, status_ptr, max_spins = waits
     row = tl.program_id(0).to(tl.int64)
     words: tl.constexpr = N + PLANES * (N // 32)
-    epoch = tl.load(epochs_ptr + row) + 1
+    epoch = call_epoch(epochs_ptr, row)
     if _wait_all(flags_ptr, (1 << WORLD) - 1, row, epoch, max_rows, max_spins, status_ptr, WORLD, WORLD_P2):
         sender = tl.arange(0, WORLD_P2)
         slot = tl.arange(0, N_P2)[None, :]
@@ -54,9 +56,8 @@ def select_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, ties_ptr, g
         keys = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N), N, PLANES, WORLD,
                            INTERLEAVE, GID_BITS)
         kappa, selected = kth_largest(keys, TOPK, 16 + GID_BITS, ties_ptr + row * TIE_TILE)
-        emit_selected(keys, kappa, selected, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
-                      num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank, TOPK, WORLD,
-                      INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
+        emit_selected(keys, kappa, selected, row, outputs, rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
+                      EMIT_ROWS, SORTED)
         # Saturated: all N words sent and the smallest >= kappa, that is all
         # N selected (empty slots and those past N never are): a count that
         # the emit also makes, in place of a minimum over the same tile.
@@ -113,10 +114,7 @@ def _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_p
 
 
 @triton.jit
-def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_ptr, ties_ptr,
-                  gather_ptr, flags_ptr, epochs_ptr, recv_ptr,
-                  req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows,
-                  rows_stride, max_rows, rank, max_spins,
+def rescue_kernel(outputs, waits, sat_ptr, selected_ptr, ties_ptr, gather_ptr, epochs_ptr, recv_ptr, max_rows, rank,
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
                   WORLD: tl.constexpr, WORLD_P2: tl.constexpr, KEYS: tl.constexpr, TILE: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
@@ -128,8 +126,9 @@ def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_pt
     are streamed rank by rank in tiles instead, a radix select summed over
     the tiles finds the K-th key, and the selected keys are compacted."""
     after_prior_kernel(PDL)
+    flags_ptr, status_ptr, max_spins = waits
     row = tl.program_id(0).to(tl.int64)
-    epoch = tl.load(epochs_ptr + row) + 1
+    epoch = call_epoch(epochs_ptr, row)
     sat = tl.load(sat_ptr + row)
     mask = sat >> SAT_MASK_SHIFT
     ok = True
@@ -161,9 +160,8 @@ def rescue_kernel(ids_ptr, rows_ptr, valid_ptr, sat_ptr, status_ptr, selected_pt
                 slot = tl.arange(0, KEYS)
                 keys = tl.load(selected_row + slot, mask=slot < selected, other=0)[None, :]
                 kth = tl.full((), 1, tl.int64)  # every key left is selected
-            emit_selected(keys, kth, selected, row, ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride,
-                          num_reqs, num_blocks, block_size, stride_rows, rows_stride, rank, TOPK, WORLD, INTERLEAVE,
-                          GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
+            emit_selected(keys, kth, selected, row, outputs, rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
+                          EMIT_ROWS, SORTED)
     if ok:
         tl.store(epochs_ptr + row, epoch)
 
@@ -195,9 +193,10 @@ def _p2(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-def _out_args(ids, rows, fallback):
-    """Pointers and scalars of the optional outputs (unused ones point at
-    ``fallback`` and are never touched: EMIT_* are compile-time)."""
+def output_args(ids, rows, fallback) -> tuple:
+    """``emit_selected``'s outputs: pointers and scalars of the optional
+    outputs (unused ones point at ``fallback`` and are never touched:
+    EMIT_* are compile-time)."""
     if rows is None:
         return (ids if ids is not None else fallback, fallback, fallback, fallback, fallback, 0, 0, 0, 1, 1, 0)
     table = rows.block_table
@@ -209,20 +208,18 @@ def _out_args(ids, rows, fallback):
 SELECT_WARPS = 8
 
 
-def select(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, max_rows, rank, world_size, topk,
-           local_topk, planes, interleave, gid_bits, max_spins) -> None:
+def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, max_rows, rank, world_size,
+                  topk, local_topk, planes, interleave, gid_bits, max_spins) -> Launch:
     """Round 1's select: ids and/or rows of every row and its saturation
     state (a saturated rank's pushed list is built afterwards, by
     ``pack.select_local``)."""
-    if num_rows == 0:
-        return
-    out = _out_args(ids, rows, epochs)
     ties = torch.empty((num_rows, TIE_TILE), dtype=torch.int64, device=sat.device)
-    select_kernel[(num_rows,)](
-        out[0], out[1], out[2], sat, status, ties, gather, flags, epochs, *out[3:], max_rows, rank, max_spins,
-        TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=_p2(world_size), N_P2=_p2(local_topk),
-        INTERLEAVE=interleave, GID_BITS=gid_bits, EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None,
-        SORTED=sorted, num_warps=SELECT_WARPS, **dependent_launch(sat.device))
+    return Launch(select_kernel, (num_rows,),
+                  (output_args(ids, rows, epochs), (flags, status, max_spins), sat, ties, gather, epochs, max_rows,
+                   rank),
+                  dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=_p2(world_size),
+                       N_P2=_p2(local_topk), INTERLEAVE=interleave, GID_BITS=gid_bits, EMIT_IDS=ids is not None,
+                       EMIT_ROWS=rows is not None, SORTED=sorted, PDL=uses_pdl(sat.device)), SELECT_WARPS)
 
 
 RESCUE_TILE = 1024
@@ -234,17 +231,25 @@ def rescue_keys(topk: int) -> int:
     return max(4096, triton.next_power_of_2(2 * topk))
 
 
-def rescue(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, recv, max_rows, rank,
-           world_size, topk, local_topk, planes, slots, interleave, gid_bits, max_spins) -> None:
-    if num_rows == 0:
-        return
-    out = _out_args(ids, rows, epochs)
+def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, recv, max_rows, rank,
+                  world_size, topk, local_topk, planes, slots, interleave, gid_bits, max_spins) -> Launch:
     keys = rescue_keys(topk)
     selected = torch.empty((num_rows, keys), dtype=torch.int64, device=sat.device)
     ties = torch.empty((num_rows, TIE_TILE), dtype=torch.int64, device=sat.device)
-    rescue_kernel[(num_rows,)](
-        out[0], out[1], out[2], sat, status, selected, ties, gather, flags, epochs, recv, *out[3:], max_rows, rank,
-        max_spins, TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(slots, 1), WORLD=world_size,
-        WORLD_P2=_p2(world_size), KEYS=keys, TILE=RESCUE_TILE, INTERLEAVE=interleave, GID_BITS=gid_bits,
-        EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted, num_warps=min(16, keys // 256),
-        **dependent_launch(sat.device))
+    return Launch(rescue_kernel, (num_rows,),
+                  (output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
+                   recv, max_rows, rank),
+                  dict(TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(slots, 1), WORLD=world_size,
+                       WORLD_P2=_p2(world_size), KEYS=keys, TILE=RESCUE_TILE, INTERLEAVE=interleave,
+                       GID_BITS=gid_bits, EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted,
+                       PDL=uses_pdl(sat.device)), min(16, keys // 256))
+
+
+def select(**kw) -> None:
+    if kw["num_rows"]:
+        select_launch(**kw)()
+
+
+def rescue(**kw) -> None:
+    if kw["num_rows"]:
+        rescue_launch(**kw)()

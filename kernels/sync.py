@@ -32,13 +32,12 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
-def dependent_launch(device: torch.device) -> dict:
-    """The PDL constexpr and launch option of a kernel on ``device`` (the
-    interpreter runs kernels one after another and has no PDL).
-    NVSHMEM_TOPK_PDL=0 turns PDL off: the benchmarks' per-kernel times do,
-    since under PDL a kernel's profiled time also covers its prior's."""
-    pdl = device.type == "cuda" and os.environ.get("NVSHMEM_TOPK_PDL", "1") != "0"
-    return dict(PDL=pdl, launch_pdl=pdl)
+def uses_pdl(device: torch.device) -> bool:
+    """Whether kernels on ``device`` are launched with PDL (the interpreter
+    runs kernels one after another and has none). NVSHMEM_TOPK_PDL=0 turns
+    it off: the benchmarks' per-kernel times do, since under PDL a kernel's
+    profiled time also covers its prior's."""
+    return device.type == "cuda" and os.environ.get("NVSHMEM_TOPK_PDL", "1") != "0"
 
 
 @triton.jit

@@ -20,80 +20,80 @@ import subprocess
 import tempfile
 import time
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from nvshmem_topk import format as fmt
 from nvshmem_topk.kernels import exchange, pack, select
+from nvshmem_topk.protocol import RowsOutput
 
 HOPPER = GPUTarget("cuda", 90, 32)
-P32, P64, I32 = "*i32", "*i64", "i32"
-_OUTPUTS = {"ids_ptr": P32, "rows_ptr": P32, "valid_ptr": P32, "sat_ptr": P64, "status_ptr": P32}
-_ROWS = {"req_ptr": P32, "table_ptr": P32, "table_stride": I32, "num_reqs": I32, "num_blocks": I32,
-         "block_size": I32, "stride_rows": I32, "rows_stride": I32}
+_TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
 
 
-def _p2(n: int) -> int:
-    return triton.next_power_of_2(n)
+def _signature(value):
+    """Triton's type of a launch argument (tuples nest)."""
+    if isinstance(value, tuple):
+        return tuple(_signature(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return _TYPES[value.dtype]
+    return "i1" if isinstance(value, bool) else "i32" if -2**31 <= value < 2**31 else "i64"
 
 
-def variants(world_size: int, topk: int, local_topk: int, logits: str, planes: int = 1, gid_bits: int = 21,
+def _aligned(value, path=()):
+    """Paths of the arguments a launch specialises as divisible by 16:
+    pointers (allocations are 256-byte aligned) and integers that are, which
+    lets the loads of 8 bf16 be vectorised."""
+    if isinstance(value, tuple):
+        return [p for i, v in enumerate(value) for p in _aligned(v, path + (i,))]
+    divisible = isinstance(value, torch.Tensor) or (not isinstance(value, bool) and value % 16 == 0)
+    return [path] if divisible else []
+
+
+def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, planes: int = 1,
              library_peers: int = 0):
-    """(kernel, signature, constexprs, num_warps) of one configuration, as
-    the launchers build them."""
-    def sig(kernel, **types):
-        return {name: types.get(name, "constexpr") for name in kernel.arg_names}
-
-    outs = dict(EMIT_IDS=True, EMIT_ROWS=True, SORTED=False, INTERLEAVE=1, GID_BITS=gid_bits)
-    row = dict(logits_ptr=logits, row_ends_ptr=P32, sat_ptr=P64, logits_stride=I32, width_limit=I32,
-               scratch_stride=I32, rank=I32)
-    peer_args = dict(arrivals_ptr=P32, epochs_ptr=P32, peer_ptrs=P64, flag_ptrs=P64, pes_ptr=P32, max_rows=I32)
-    for n, listing in ((local_topk, False), (topk, True)):
-        plan = pack.plan(n, 131072)
-        words = n + planes * (n // 32)
-        target = dict(N=n, PLANES=planes, SLOTS=max(topk // local_topk, 1), LIST=listing)
-        peers = dict(WORLD=world_size, LIBRARY_PEERS=library_peers if listing else 0)
-        yield (pack.estimate_kernel, sig(pack.estimate_kernel, out_ptr=P32, scratch_ptr=P32, **row),
-               dict(N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing, GROUPS=plan.groups, ROOM=plan.room),
-               pack.ESTIMATE_WARPS)
-        yield (pack.filter_kernel, sig(pack.filter_kernel, scratch_ptr=P32, **row),
-               dict(REGION=plan.region, REGIONS_AT=plan.regions_at, LIST=listing, PAIRS=logits == "*bf16"),
-               pack.FILTER_WARPS)
-        yield (pack.finish_kernel, sig(pack.finish_kernel, out_ptr=P32, scratch_ptr=P32, **row, **peer_args),
-               dict(target, REGION=plan.region, BLOCKS_P2=plan.blocks_p2, HISTOGRAMS_AT=plan.histograms_at,
-                    REGIONS_AT=plan.regions_at, TILE=plan.tile, SPAN=plan.span, **peers),
-               max(pack.SPAN_WARPS, plan.tile // 256))
-        yield (pack.radix_low_kernel, sig(pack.radix_low_kernel, scratch_ptr=P32, **row),
-               dict(N=n, LIST=listing, HISTOGRAMS_AT=plan.histograms_at, SPAN=plan.span), pack.SPAN_WARPS)
-        yield (pack.radix_write_kernel, sig(pack.radix_write_kernel, out_ptr=P32, scratch_ptr=P32, **row, **peer_args),
-               dict(target, HISTOGRAMS_AT=plan.histograms_at, SPAN=plan.span, **peers), pack.SPAN_WARPS)
-    words = local_topk + planes * (local_topk // 32)
-    yield (exchange.push_rows_kernel, sig(exchange.push_rows_kernel, packed_ptr=P32, epochs_ptr=P32,
-                                          gather_ptrs=P64, flag_ptrs=P64, pes_ptr=P32, max_rows=I32, rank=I32),
-           dict(WORDS=words, WORLD=world_size, LIBRARY_PEERS=library_peers, BLOCK=512), 4)
-    common = dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size)
-    yield (select.select_kernel,
-           sig(select.select_kernel, **_OUTPUTS, **_ROWS, ties_ptr=P64, gather_ptr=P32, flags_ptr=P32, epochs_ptr=P32,
-               max_rows=I32, rank=I32, max_spins=I32),
-           dict(common, WORLD_P2=_p2(world_size), N_P2=_p2(local_topk), **outs), select.SELECT_WARPS)
-    yield (select.rescue_kernel,
-           sig(select.rescue_kernel, **_OUTPUTS, **_ROWS, selected_ptr=P64, ties_ptr=P64, gather_ptr=P32,
-               flags_ptr=P32, epochs_ptr=P32, recv_ptr=P32, max_rows=I32, rank=I32, max_spins=I32),
-           dict(common, SLOTS=max(topk // local_topk, 1), WORLD_P2=_p2(world_size), KEYS=select.rescue_keys(topk),
-                TILE=select.RESCUE_TILE, **outs), min(16, select.rescue_keys(topk) // 256))
+    """The launches of one configuration, built by the launchers themselves
+    from small CPU tensors (nothing runs): a merge of one row of 131072
+    tokens on a rank of ``world_size``, and the pack's pipelines for N and
+    for K (pushed lists)."""
+    rows, width, max_rows, interleave = 1, 131072, 1, 1
+    i32 = dict(dtype=torch.int32)
+    logits = torch.zeros(rows, width, dtype=dtype)
+    ends = torch.full((rows,), width, **i32)
+    epochs, sat, status = torch.zeros(max_rows, **i32), torch.zeros(max_rows, dtype=torch.int64), torch.zeros(4, **i32)
+    ptrs, pes = torch.zeros(world_size, dtype=torch.int64), torch.zeros(world_size, **i32)
+    slots = fmt.rescue_slots(topk, local_topk)
+    gid_bits = fmt.global_id_bits(world_size, interleave, width)
+    for n, list_slots in ((local_topk, 0), (topk, slots)):
+        out = torch.zeros(rows, fmt.packed_row_words(n, planes), **i32)
+        scratch, arrivals = pack.scratch_for(rows, n, width, "cpu")
+        publish = pack.Publish(epochs, ptrs, ptrs, pes, max_rows, 0, world_size, sat=sat, list_slots=list_slots,
+                               library_peers=library_peers if list_slots else 0)
+        yield from pack.pipeline(out, logits, ends, n=n, max_local_len=width, scratch=scratch, arrivals=arrivals,
+                                 publish=publish)
+    packed = torch.zeros(rows, fmt.packed_row_words(local_topk, planes), **i32)
+    yield exchange.push_rows_launch(packed, epochs, ptrs, ptrs, pes, max_rows=max_rows, rank=0,
+                                    world_size=world_size, library_peers=library_peers)
+    table = torch.zeros(4, 8, **i32)
+    kv = RowsOutput(torch.zeros(rows, **i32), table, 64, 64, torch.zeros(rows, topk, **i32), torch.zeros(rows, **i32))
+    common = dict(num_rows=rows, ids=torch.zeros(rows, topk, **i32), rows=kv, sorted=False, sat=sat, status=status,
+                  gather=torch.zeros(1, **i32), flags=torch.zeros(1, **i32), epochs=epochs, max_rows=max_rows,
+                  rank=0, world_size=world_size, topk=topk, local_topk=local_topk, planes=planes,
+                  interleave=interleave, gid_bits=gid_bits, max_spins=1000)
+    yield select.select_launch(**common)
+    yield select.rescue_launch(**common, recv=torch.zeros(1, **i32), slots=slots)
 
 
-def compile_one(kernel, signature, constexprs, num_warps, extern_libs=None) -> dict:
+def compile_one(launch, extern_libs=None) -> dict:
     start = time.perf_counter()
-    options = {"num_warps": num_warps} | ({"extern_libs": tuple(extern_libs.items())} if extern_libs else {})
-    constexprs = dict(constexprs, PDL=True)  # as launched on a GPU (kernels/sync.py: dependent_launch)
-    # As a launch specialises them for torch's tensors of serving widths:
-    # pointers (allocations are 256-byte aligned) and the logits' and
-    # scratch's row strides divisible by 16, which lets the loads of 8 bf16
-    # be vectorised.
-    aligned = {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(signature.items())
-               if kind.startswith("*") or name in ("logits_stride", "scratch_stride")}
-    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
+    options = {"num_warps": launch.num_warps} | ({"extern_libs": tuple(extern_libs.items())} if extern_libs else {})
+    constexprs = dict(launch.constexprs, PDL=True)  # as launched on a GPU (kernels/sync.py: uses_pdl)
+    names = [name for name in launch.kernel.arg_names if name not in constexprs]
+    signature = dict(zip(names, (_signature(v) for v in launch.args))) | {name: "constexpr" for name in constexprs}
+    attrs = {(i,) + path: [["tt.divisibility", 16]] for i, v in enumerate(launch.args) for path in _aligned(v)}
+    compiled = triton.compile(ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs),
                               target=HOPPER, options=options)
     seconds = time.perf_counter() - start
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -103,10 +103,11 @@ def compile_one(kernel, signature, constexprs, num_warps, extern_libs=None) -> d
         usage = subprocess.run([tool, "--dump-resource-usage", cubin.name], capture_output=True,
                                text=True, check=True).stdout
     reg, stack, local = (int(v) for v in re.search(r"REG:(\d+) STACK:(\d+) .*LOCAL:(\d+)", usage).groups())
-    return dict(kernel=kernel.__name__, seconds=seconds, registers=reg, stack=stack, local=local)
+    return dict(kernel=launch.kernel.__name__, seconds=seconds, registers=reg, stack=stack, local=local)
 
 
-CONFIGS = ((8, 2048, 384, "*bf16"), (16, 4096, 384, "*bf16"), (1, 2048, 3072, "*bf16"), (3, 96, 32, "*fp32"))
+CONFIGS = ((8, 2048, 384, torch.bfloat16), (16, 4096, 384, torch.bfloat16), (1, 2048, 3072, torch.bfloat16),
+           (3, 96, 32, torch.float32))
 
 
 def main(device_library: str | None = None) -> list[dict]:
@@ -117,9 +118,9 @@ def main(device_library: str | None = None) -> list[dict]:
         config = CONFIGS[0]
         jobs += [(config, variant, {"libnvshmem_device": device_library})
                  for variant in variants(*config, library_peers=(1 << config[0]) - 2)
-                 if variant[0] in (exchange.push_rows_kernel, pack.finish_kernel, pack.radix_write_kernel)]
+                 if variant.kernel in (exchange.push_rows_kernel, pack.finish_kernel, pack.radix_write_kernel)]
     for (world_size, topk, local_topk, _), variant, extern_libs in jobs:
-        row = dict(compile_one(*variant, extern_libs=extern_libs), W=world_size, K=topk, N=local_topk,
+        row = dict(compile_one(variant, extern_libs=extern_libs), W=world_size, K=topk, N=local_topk,
                    device_library=extern_libs is not None)
         rows.append(row)
         name = row["kernel"] + (" (library)" if extern_libs else "")
