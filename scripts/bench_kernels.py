@@ -25,7 +25,7 @@ import triton.testing
 import nvshmem_topk as nt
 from nvshmem_topk import reference
 from nvshmem_topk.baseline import generic_merge_compute
-from nvshmem_topk.format import default_local_topk, packed_row_words
+from nvshmem_topk.format import packed_row_words
 from nvshmem_topk.testing import SCORE_FAMILIES, family_scores, shard
 from nvshmem_topk.timing import SimulatedMerge, graphed, kernel_times, without_pdl
 

@@ -4,6 +4,7 @@ import pytest
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs one CUDA GPU")
     config.addinivalue_line("markers", "multigpu: needs two or more CUDA GPUs")
+    config.addinivalue_line("markers", "slow: a long interpreter or multi-process test (-m 'not slow' skips)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -36,14 +36,16 @@ def _run(mode, impl, exchange, world_size, timeout_s=240):
 
 
 @pytest.mark.parametrize("world_size,impl,exchange", [
-    (2, "triton", "push"), (4, "triton", "push"), (4, "reference", "push"), (3, "reference", "all_gather"),
+    (2, "triton", "push"), pytest.param(4, "triton", "push", marks=pytest.mark.slow), (4, "reference", "push"),
+    (3, "reference", "all_gather"),
 ])
 def test_every_family_exact_across_processes(world_size, impl, exchange):
     for r in _run("families", impl, exchange, world_size):
         assert r.returncode == 0 and f"rank {r.rank} ok {family_merges()}" in r.output, r.output
 
 
-@pytest.mark.parametrize("impl,exchange", [("triton", "push"), ("reference", "all_gather")])
+@pytest.mark.parametrize("impl,exchange", [pytest.param("triton", "push", marks=pytest.mark.slow),
+                                           ("reference", "all_gather")])
 def test_serving_engine_pattern_across_processes(impl, exchange):
     results = _run("serving", impl, exchange, 3)
     epochs = set()
@@ -53,7 +55,7 @@ def test_serving_engine_pattern_across_processes(impl, exchange):
     assert len(epochs) == 1, "ranks disagree on the per-row epochs"
 
 
-@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("impl", [pytest.param("triton", marks=pytest.mark.slow), "reference"])
 def test_two_dcp_groups_inside_a_tp_group_through_the_indexer(impl):
     for r in _run("tp_dcp", impl, "push", 4):
         assert r.returncode == 0 and f"dcp group {r.rank // 2}, dcp rank {r.rank % 2}) ok 16" in r.output, r.output
