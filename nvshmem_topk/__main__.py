@@ -18,7 +18,6 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -29,7 +28,7 @@ from .protocol import resolve_impl
 from .api import simulate_dcp_topk_merge
 from .baseline import generic_merge_compute
 from .testing import SCORE_FAMILIES, families, family_scores, indexer_like_logits, shard
-from .timing import SimulatedMerge, graphed
+from .timing import GRAPH_CALLS, SimulatedMerge, graph_us, median_us
 
 
 def unsharded_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interleave: int) -> list[set]:
@@ -214,35 +213,6 @@ def check(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------- bench
 
 
-def _median_ms(fn, device: torch.device, reps: int) -> float:
-    """Median of ``reps`` timed calls after two warm-ups (CUDA events on a
-    GPU, the host clock on a CPU)."""
-    fn(), fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-GRAPH_CALLS = 10
-
-
-def _graph_ms(fn, reps: int) -> float:
-    """Median milliseconds of one call of ``fn`` replayed from a CUDA graph
-    of GRAPH_CALLS calls (one call's graph would time the host's launch)."""
-    return _median_ms(graphed(fn, GRAPH_CALLS).replay, torch.device("cuda"), reps) / GRAPH_CALLS
-
-
 def bench(args: argparse.Namespace) -> int:
     device = _device(args.device)
     grid = [(dist, rows, width) for dist in args.dist for rows in args.rows for width in args.widths]
@@ -257,13 +227,13 @@ def bench(args: argparse.Namespace) -> int:
         row_ends = torch.full((args.world_size, rows), width, dtype=torch.int32, device=device)
         if graphs:  # eager GPU timings would measure Python launches (W ranks x several kernels)
             run = SimulatedMerge(logits, row_ends, args.topk, args.impl, interleave=args.interleave)
-            merge = _graph_ms(run, args.reps)
+            merge = graph_us(run, args.reps) / 1e3
             run.destroy()
-            generic = _graph_ms(lambda: generic_merge_compute(logits, args.topk), args.reps)
+            generic = graph_us(lambda: generic_merge_compute(logits, args.topk), args.reps) / 1e3
         else:
-            merge = _median_ms(lambda: simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=args.impl,
-                                                               interleave=args.interleave), device, args.reps)
-            generic = _median_ms(lambda: generic_merge_compute(logits, args.topk), device, args.reps)
+            merge = median_us(lambda: simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=args.impl,
+                                                              interleave=args.interleave), device, args.reps) / 1e3
+            generic = median_us(lambda: generic_merge_compute(logits, args.topk), device, args.reps) / 1e3
         results.append(dict(dist=dist, W=args.world_size, T=rows, S=width, K=args.topk, I=args.interleave,
                             impl=args.impl, device=str(device), cuda_graph=graphs, merge_ms=merge, generic_ms=generic))
         done = 20 * i // len(grid)

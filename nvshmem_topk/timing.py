@@ -1,8 +1,12 @@
-"""Timing helpers shared by the CLI's bench and the benchmark scripts."""
+"""The one timer of the CLI's bench and the benchmark scripts, and what
+they time: the simulated merge, CUDA graphs of several calls, per-kernel
+device times."""
 
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from unittest import mock
 
 import torch
@@ -66,6 +70,47 @@ def graphed(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
         for _ in range(calls):
             fn()
     return graph
+
+
+GRAPH_CALLS = 10  # calls a timed graph holds: one call's graph would time the host's launch
+_L2_FLUSH_BYTES = 256 << 20  # more than any GPU's L2
+
+
+def median_us(fn, device: torch.device, reps: int, *, calls: int = 1, flush_l2: bool = False,
+              before=None) -> float:
+    """Median microseconds of one of the ``calls`` calls that ``fn`` makes,
+    over ``reps`` timed runs after two warm-ups: CUDA events around each run
+    on a GPU (``flush_l2``: a 256 MiB write before each, outside the timed
+    span, so no run finds its inputs in L2), the host clock on a CPU.
+    ``before`` runs once before the timed runs (a barrier of every rank)."""
+    fn(), fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    if before is not None:
+        before()
+    if device.type != "cuda":
+        samples = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e6)
+        return statistics.median(samples) / calls
+    flush = torch.empty(_L2_FLUSH_BYTES if flush_l2 else 0, dtype=torch.int8, device=device)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events) / calls
+
+
+def graph_us(fn, reps: int, *, flush_l2: bool = True, before=None) -> float:
+    """Median microseconds of one call of ``fn`` replayed from a CUDA graph
+    of GRAPH_CALLS calls (``median_us``)."""
+    return median_us(graphed(fn, GRAPH_CALLS).replay, torch.device("cuda"), reps, calls=GRAPH_CALLS,
+                     flush_l2=flush_l2, before=before)
 
 
 def without_pdl():

@@ -2,9 +2,9 @@
 the pack beside torch.topk(k=N), and the simulated 8-rank merge beside the
 generic merge run rank by rank, all in one process on the same inputs. Each
 is timed as a CUDA-graph replay, as serving engines run it: a graph of CALLS
-calls, each on its own copy of the inputs (more bytes than L2), per call,
-medians of triton.testing.do_bench. Every timed output is checked against
-the reference. Prints, per shape, each family's time, its ratio to i.i.d.
+calls, each on its own copy of the inputs, L2 flushed before each replay;
+per call, the median of REPS replays (nvshmem_topk.timing.median_us). Every
+timed output is checked against the reference. Prints, per shape, each family's time, its ratio to i.i.d.
 normal and the baseline; writes JSON.
 
     python scripts/bench_kernels.py --out results.json [--families normal smooth] [--skip-merge]
@@ -20,22 +20,23 @@ import itertools
 import json
 
 import torch
-import triton.testing
 
 import nvshmem_topk as nt
 from nvshmem_topk import reference
 from nvshmem_topk.baseline import generic_merge_compute
 from nvshmem_topk.format import packed_row_words
 from nvshmem_topk.testing import SCORE_FAMILIES, family_scores, shard
-from nvshmem_topk.timing import SimulatedMerge, graphed, kernel_times, without_pdl
+from nvshmem_topk.timing import SimulatedMerge, graphed, kernel_times, median_us, without_pdl
 
 CALLS = 10
+REPS = 200
 PACK_SHAPES = ((64, 131072), (8, 131072), (64, 16384), (256, 65536))
 
 
 def bench(fn, calls: int = 1) -> float:
-    """Median microseconds of one of the ``calls`` calls that ``fn`` makes."""
-    return triton.testing.do_bench(fn, warmup=20, rep=60, return_mode="median") * 1e3 / calls
+    """Median microseconds of one of the ``calls`` calls that ``fn`` makes
+    (L2 flushed before each run)."""
+    return median_us(fn, torch.device("cuda"), REPS, calls=calls, flush_l2=True)
 
 
 def graphed_calls(fn, inputs) -> torch.cuda.CUDAGraph:

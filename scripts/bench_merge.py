@@ -8,7 +8,7 @@ Per (T, S_local), K = 2048, N = default_local_topk(K, W):
   merge      dcp_topk_merge on this rank's shard (medians of per-call CUDA-event
              timings; every rank runs the same loop, the flags keep them in
              step): eager with the push exchange, and replayed from a CUDA
-             graph of CALLS_PER_GRAPH merges with each exchange (push, NCCL
+             graph of GRAPH_CALLS merges with each exchange (push, NCCL
              all_gather, NVSHMEM fcollect), per merge; with --library-path
              also the push merge of a second group that reaches every peer
              through NVSHMEM's device library ("push_library");
@@ -30,64 +30,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 import nvshmem_topk as nt
 from nvshmem_topk.format import default_local_topk, num_planes, packed_row_words
-from nvshmem_topk.timing import graphed, kernel_times, without_pdl
+from nvshmem_topk.timing import GRAPH_CALLS, graph_us, graphed, kernel_times, median_us, without_pdl
 
 STAGES = {"estimate_kernel": "pack", "filter_kernel": "pack", "finish_kernel": "pack",
           "push_rows_kernel": "exchange", "select_kernel": "select", "rescue_kernel": "rescue"}
 
 
-CALLS_PER_GRAPH = 10
-
-
-def timed(fn, device: torch.device, iters: int, calls: int = 1) -> float:
-    """Median microseconds of one call of ``fn`` (which makes ``calls``
-    calls), after warm-up, every rank together."""
-    for _ in range(5):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    dist.barrier()
-    if device.type != "cuda":
-        samples = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e6)
-        return statistics.median(samples) / calls
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events) / calls
+def timed(fn, device: torch.device, iters: int) -> float:
+    """Median microseconds of one call of ``fn``, every rank together."""
+    return median_us(fn, device, iters, before=dist.barrier)
 
 
 def graph_timed(fn, device: torch.device, iters: int) -> float:
     """Median microseconds of one call of ``fn`` replayed from a CUDA graph of
-    CALLS_PER_GRAPH calls."""
-    return timed(graphed(fn, CALLS_PER_GRAPH).replay, device, iters, CALLS_PER_GRAPH)
+    GRAPH_CALLS calls, every rank together."""
+    return graph_us(fn, iters, flush_l2=False, before=dist.barrier)
 
 
 def stage_times(fn) -> dict:
     """Device microseconds per stage of one call of ``fn``, profiled over
-    replays of a graph of CALLS_PER_GRAPH calls: within a replay the ranks
+    replays of a graph of GRAPH_CALLS calls: within a replay the ranks
     run in step, so the select's wait measures the peer's lag, not how far
     apart the two hosts launched."""
     stages: dict[str, float] = {}
     with without_pdl():  # each kernel's own time
-        times = kernel_times(graphed(fn, CALLS_PER_GRAPH).replay)
+        times = kernel_times(graphed(fn, GRAPH_CALLS).replay)
     for kernel, us in times.items():
         stage = STAGES.get(kernel, "other")
-        stages[stage] = stages.get(stage, 0.0) + us / CALLS_PER_GRAPH
+        stages[stage] = stages.get(stage, 0.0) + us / GRAPH_CALLS
     return stages
 
 

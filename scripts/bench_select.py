@@ -1,8 +1,8 @@
 """The select alone on one GPU, at several group sizes: rank 0's select of a
 simulated group of W ranks (SimulatedMerge.select_alone: no wait holds) is
-timed from a CUDA graph of CALLS calls (medians of
-triton.testing.do_bench, which empties L2 before every replay; the best of
-three medians). Each timed select's own ids are checked against the
+timed from a CUDA graph of GRAPH_CALLS calls (nvshmem_topk.timing.graph_us:
+the median of its replays, L2 flushed before each; the best of three
+medians). Each timed select's own ids are checked against the
 reference merge.
 
     python scripts/bench_select.py [--configs 8x64 2x64 16x64] [--topk 2048] [--width 16384]
@@ -14,13 +14,10 @@ from __future__ import annotations
 import argparse
 
 import torch
-import triton.testing
 
 import nvshmem_topk as nt
 from nvshmem_topk.format import default_local_topk
-from nvshmem_topk.timing import SimulatedMerge, graphed
-
-CALLS = 10
+from nvshmem_topk.timing import GRAPH_CALLS, SimulatedMerge, graph_us
 
 
 def main() -> None:
@@ -30,7 +27,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=16384)
     args = parser.parse_args()
     dev, k, width = torch.device("cuda"), args.topk, args.width
-    print(f"# {torch.cuda.get_device_name()}  select alone, K={k} S={width}, us per call (graphs of {CALLS})")
+    print(f"# {torch.cuda.get_device_name()}  select alone, K={k} S={width}, us per call (graphs of {GRAPH_CALLS})")
     for config in args.configs:
         world, rows = (int(v) for v in config.split("x"))
         gen = torch.Generator(device=dev).manual_seed(0)
@@ -40,9 +37,7 @@ def main() -> None:
         select = merge.select_alone()
         expected = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference")
         merge.ids.fill_(-2)
-        graph = graphed(select, CALLS)
-        us = min(triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median") * 1e3 / CALLS
-                 for _ in range(3))
+        us = min(graph_us(select, 200) for _ in range(3))
         exact = bool(torch.equal(merge.ids[0], expected[0]))
         print(f"W={world:<3} T={rows:<4} N={default_local_topk(k, world):<5} select {us:6.2f}  exact={exact}",
               flush=True)
