@@ -8,6 +8,7 @@ import triton.language as tl
 from .. import format as fmt
 
 LOW_BITS = tl.constexpr(fmt.LOW_BITS)
+SCORE_BITS = tl.constexpr(16)  # a key's top bits: the ord16 score (then the inverted global id)
 SAT_MASK_SHIFT = tl.constexpr(fmt.SAT_MASK_SHIFT)
 SAT_KAPPA_MASK = tl.constexpr(fmt.SAT_KAPPA_MASK)
 MIN_VALID = tl.constexpr(fmt.MIN_VALID_ORD16)  # every valid score's ord16 is at least this; 0 is "none"

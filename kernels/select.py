@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, TIE_TILE, decode_keys, emit_selected, kth_largest,
+from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, SCORE_BITS, TIE_TILE, decode_keys, emit_selected, kth_largest,
                    radix_boundary, radix_digit_histogram)
 from .exchange import call_epoch, gather_slot
 from .launch import Launch
@@ -55,7 +55,7 @@ def select_kernel(outputs, waits, sat_ptr, ties_ptr, gather_ptr, epochs_ptr, max
         base = gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD)
         keys = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N), N, PLANES, WORLD,
                            INTERLEAVE, GID_BITS)
-        kappa, selected = kth_largest(keys, TOPK, 16 + GID_BITS, ties_ptr + row * TIE_TILE)
+        kappa, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
         emit_selected(keys, kappa, selected, row, outputs, rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
                       EMIT_ROWS, SORTED)
         # Saturated: all N words sent and the smallest >= kappa, that is all
@@ -144,7 +144,7 @@ def rescue_kernel(outputs, waits, sat_ptr, selected_ptr, ties_ptr, gather_ptr, e
             if count <= KEYS:
                 slot = tl.arange(0, KEYS)
                 keys = tl.load(selected_row + slot, mask=slot < count, other=0)[None, :]
-                kth, selected = kth_largest(keys, TOPK, 16 + GID_BITS, ties_ptr + row * TIE_TILE)
+                kth, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
             else:
                 kth = _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, TOPK, N, PLANES,
                                     SLOTS, WORLD, INTERLEAVE, GID_BITS)
@@ -172,7 +172,7 @@ def _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE:
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
     """The K-th key of the rescue's candidates, by a radix select over the
     tiles streamed rank by rank (8-bit digits from the key's top)."""
-    top: tl.constexpr = (16 + GID_BITS + 7) // 8 * 8
+    top: tl.constexpr = (SCORE_BITS + GID_BITS + 7) // 8 * 8
     prefix = tl.zeros((), dtype=tl.int64)
     need = tl.full((), TOPK, tl.int32)  # loop-carried values keep one type
     for d in range(top // 8):
