@@ -196,6 +196,7 @@ def info(args: argparse.Namespace) -> int:
 
 def check(args: argparse.Namespace) -> int:
     device = _device(args.device)
+    args.impl = resolve_impl(args.impl, device)
     failures = 0
     for world_size in args.world_sizes:
         for name, logits, row_ends, k, n, inter in families(world_size, seed=args.seed):
@@ -215,6 +216,7 @@ def check(args: argparse.Namespace) -> int:
 
 def bench(args: argparse.Namespace) -> int:
     device = _device(args.device)
+    args.impl = resolve_impl(args.impl, device)
     grid = [(dist, rows, width) for dist in args.dist for rows in args.rows for width in args.widths]
     results = []
     graphs = device.type == "cuda"
@@ -331,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     chk = sub.add_parser("check", help="the adversarial families against an unsharded top-K")
     chk.add_argument("--world-sizes", type=_int_in(1, fmt.MAX_WORLD_SIZE), nargs="+", default=[1, 2, 3, 8, 16],
                      help="world sizes to run every family at")
-    chk.add_argument("--impl", default="reference", choices=["reference", "triton"])
+    chk.add_argument("--impl", default=None, choices=["reference", "triton"],
+                     help="default: triton on GPUs, reference on CPUs")
     chk.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is a GPU)")
     chk.add_argument("--seed", type=int, default=0, help="seed of the families' data")
     chk.add_argument("--verbose", action="store_true", help="a line per family")
@@ -341,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     bch.add_argument("--rows", type=_int_in(1), nargs="+", default=[1, 8, 64], help="T values")
     bch.add_argument("--widths", type=_int_in(1), nargs="+", default=[4096, 16384], help="S_local values")
     bch.add_argument("--topk", type=_int_in(fmt.MIN_TOPK, fmt.MAX_TOPK, fmt.WARP), default=2048, help="K (a multiple of 32 in [32, 4096])")
-    bch.add_argument("--impl", default="reference", choices=["reference", "triton"])
+    bch.add_argument("--impl", default=None, choices=["reference", "triton"],
+                     help="default: triton on GPUs, reference on CPUs")
     bch.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is a GPU)")
     bch.add_argument("--reps", type=_int_in(1), default=5, help="timed repetitions (medians)")
     bch.add_argument("--json", default=None, help="write the results as JSON here")

@@ -136,6 +136,9 @@ def dcp_topk_merge(
     ``row_ends`` [T] int32 over the DCP group into ``topk_indices`` [T, K]
     int32 (global ids, -1 padded; ``sorted`` gives descending score, then
     ascending id). Collective: every rank calls every merge, in stream order."""
+    if torch.compiler.is_compiling():  # traced as the custom op, which checks its arguments when it runs
+        torch.ops.nvshmem_topk.merge(logits, row_ends, topk_indices, workspace.handle, sorted)
+        return
     ws, rows = checks.check_merge(workspace, logits, row_ends)
     out = checks.check_outputs(ws, rows, topk_indices, None, sorted)
     protocol.run_merge([ws], [logits], [row_ends], [out], rows)
@@ -152,6 +155,10 @@ def dcp_topk_merge_rows(
     ``packed`` [T, words] int32 replaces the pack with a caller's round-1
     rows (``dcp_topk_pack_indices``); logits and row_ends are still needed
     (a saturated rank re-reads its row)."""
+    if torch.compiler.is_compiling():
+        torch.ops.nvshmem_topk.merge_rows(logits, row_ends, req_id, block_table, rows_out, valid_out, ids_out, packed,
+                                          workspace.handle, block_size, stride_rows, sorted)
+        return
     ws, rows = checks.check_merge(workspace, logits, row_ends)
     spec = RowsOutput(req_id, block_table, block_size, stride_rows, rows_out, valid_out)
     out = checks.check_outputs(ws, rows, ids_out, spec, sorted)
@@ -163,13 +170,17 @@ def dcp_topk_merge_rows(
 
 def simulate_dcp_topk_merge(
     logits: torch.Tensor, row_ends: torch.Tensor, *, topk: int, local_topk: int | None = None,
-    impl: str = "reference", interleave: int = 1, sorted: bool = False,
+    impl: str | None = None, interleave: int = 1, sorted: bool = False,
 ) -> torch.Tensor:
     """The whole merge over W virtual ranks in this process.
 
     logits: [W, T, S] bf16 (or fp32), ``logits[r, t, l]`` scores rank r's
     local token l; row_ends: [W, T] int32. Returns int32 [W, T, topk]: rank
-    r's ids (the same on every rank), -1 padded."""
+    r's ids (the same on every rank), -1 padded. ``impl``: by default the
+    Triton kernels on CUDA, the reference on CPU."""
+    if torch.compiler.is_compiling():
+        return torch.ops.nvshmem_topk.simulate_merge(logits, row_ends, topk, local_topk or 0, impl or "", interleave,
+                                                     sorted)
     local_topk = checks.check_simulated(logits, row_ends, topk, local_topk)
     world_size, rows, width = logits.shape
     out = torch.full((world_size, max(rows, 1), topk), -1, dtype=torch.int32, device=logits.device)

@@ -114,7 +114,8 @@ def tp_dcp_mode(world_group, impl, exchange):
 
 
 def compiled_mode(group, impl, exchange):
-    """torch.compile(fullgraph=True) of a step that calls the merge op."""
+    """torch.compile(fullgraph=True) of a step that calls the public merge
+    (which the trace turns into the custom op)."""
     world, rank = group.world_size, group.rank
     logits = torch.randn(world, 3, 400, generator=torch.Generator().manual_seed(2)).bfloat16()
     logits[0, 1] += 5.0  # rank 0 saturates row 1
@@ -124,7 +125,7 @@ def compiled_mode(group, impl, exchange):
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def step(x, e, ids):
-        torch.ops.nvshmem_topk.merge(x * 0.5, e, ids, ws.handle, True)
+        nt.dcp_topk_merge(x * 0.5, e, ids, workspace=ws, sorted=True)
         return ids
 
     for _ in range(2):

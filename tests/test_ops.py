@@ -60,3 +60,51 @@ def test_a_destroyed_workspace_handle_is_refused():
     logits, ends = _data(world=1)
     with pytest.raises(RuntimeError, match=f"no live DCP top-k workspace has handle {ws.handle}"):
         torch.ops.nvshmem_topk.merge(logits[0], ends[0], torch.empty(2, 64, dtype=torch.int32), ws.handle, False)
+
+
+def test_public_api_compiles_fullgraph_and_matches_eager():
+    """What an engine compiles: the public calls themselves, not the raw ops
+    (nt.dcp_topk_merge, dcp_topk_merge_rows, the indexer's, and
+    simulate_dcp_topk_merge), each traced with no graph break and equal to
+    the eager call."""
+    logits, ends = _data(world=1, rows=3, width=700, seed=4)
+    x, e = logits[0], ends[0]
+    indexer = nt.DcpTopkIndexer(nt.SimulatedGroup(1).ranks[0], max_rows=3, topk=64, max_local_len=700)
+    ws = indexer.workspaces[0]
+    table = torch.arange(12, dtype=torch.int32).reshape(1, 12)
+    req = torch.zeros(3, dtype=torch.int32)
+
+    def merge(x, e, ids):
+        nt.dcp_topk_merge(x * 1, e, ids, workspace=ws, sorted=True)
+        return ids + 0
+
+    def merge_rows(x, e, rows_out, valid_out, ids):
+        nt.dcp_topk_merge_rows(logits=x * 1, row_ends=e, workspace=ws, req_id=req, block_table=table, block_size=64,
+                               stride_rows=100, rows_out=rows_out, valid_out=valid_out, ids_out=ids)
+        return rows_out + 0, valid_out + 0, ids + 0
+
+    def indexed(x, e, ids):
+        indexer.dcp_topk_merge(x * 1, e, ids, sorted=True)
+        return ids + 0
+
+    def indexed_rows(x, e, rows_out, valid_out):
+        indexer.dcp_topk_merge_rows(logits=x * 1, row_ends=e, req_id=req, block_table=table, block_size=64,
+                                    stride_rows=100, rows_out=rows_out, valid_out=valid_out)
+        return rows_out + 0, valid_out + 0
+
+    def simulated(x, e):
+        return nt.simulate_dcp_topk_merge(x * 1, e, topk=64, sorted=True)
+
+    ids = lambda: torch.full((3, 64), -7, dtype=torch.int32)
+    rows = lambda: (torch.full((3, 64), -7, dtype=torch.int32), torch.zeros(3, dtype=torch.int32))
+    cases = [(merge, lambda: (x, e, ids())), (merge_rows, lambda: (x, e, *rows(), ids())),
+             (indexed, lambda: (x, e, ids())), (indexed_rows, lambda: (x, e, *rows())),
+             (simulated, lambda: (logits, ends))]
+    for fn, args in cases:
+        eager = fn(*args())
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, fullgraph=True)(*args())
+        for want, got in zip(eager if isinstance(eager, tuple) else (eager,),
+                             compiled if isinstance(compiled, tuple) else (compiled,)):
+            assert torch.equal(got, want), fn.__name__
+    indexer.destroy()
