@@ -10,7 +10,6 @@ U {pushed lists}. Both emit through ``keys.emit_selected``, so equal
 candidate sets give bit-identical outputs. Bit-identical to
 ``reference.select`` / ``reference.rescue`` and the reference protocol."""
 
-import torch
 import triton
 import triton.language as tl
 
@@ -208,12 +207,11 @@ def output_args(ids, rows, fallback) -> tuple:
 SELECT_WARPS = 8
 
 
-def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, max_rows, rank, world_size,
-                  topk, local_topk, planes, interleave, gid_bits, max_spins) -> Launch:
+def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, max_rows, rank,
+                  world_size, topk, local_topk, planes, interleave, gid_bits, max_spins) -> Launch:
     """Round 1's select: ids and/or rows of every row and its saturation
     state (a saturated rank's pushed list is built afterwards, by
-    ``pack.select_local``)."""
-    ties = torch.empty((num_rows, TIE_TILE), dtype=torch.int64, device=sat.device)
+    ``pack.select_local``). ties: int64 [>= T, TIE_TILE] scratch."""
     return Launch(select_kernel, (num_rows,),
                   (output_args(ids, rows, epochs), (flags, status, max_spins), sat, ties, gather, epochs, max_rows,
                    rank),
@@ -231,11 +229,12 @@ def rescue_keys(topk: int) -> int:
     return max(4096, triton.next_power_of_2(2 * topk))
 
 
-def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, recv, max_rows, rank,
-                  world_size, topk, local_topk, planes, slots, interleave, gid_bits, max_spins) -> Launch:
+def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, selected, recv,
+                  max_rows, rank, world_size, topk, local_topk, planes, slots, interleave, gid_bits,
+                  max_spins) -> Launch:
+    """Round 2's rescue. ties: int64 [>= T, TIE_TILE] and selected: int64
+    [>= T, rescue_keys(K)] scratch."""
     keys = rescue_keys(topk)
-    selected = torch.empty((num_rows, keys), dtype=torch.int64, device=sat.device)
-    ties = torch.empty((num_rows, TIE_TILE), dtype=torch.int64, device=sat.device)
     return Launch(rescue_kernel, (num_rows,),
                   (output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
                    recv, max_rows, rank),

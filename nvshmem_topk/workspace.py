@@ -50,6 +50,8 @@ class DcpTopkWorkspace:
       epochs  int32 [max_rows]: last finished epoch of each row.
       sat     int64 [max_rows]: saturation state of each row's last select.
       status  int32 [4]: (failed, row, rank, epoch) of an expired wait.
+      scratch, arrivals, ties, selected (impl "triton"): the kernels'
+              scratch (``kernels.pack.plan``, ``kernels.select``).
 
     Use one workspace per merge that can be in flight at a time; free it with
     ``destroy()`` (collective) before the group goes away.
@@ -85,12 +87,14 @@ class DcpTopkWorkspace:
         self.staging = group.alloc_symmetric((max_rows, self.row_words), torch.int32)
         if exchange == "fcollect":
             self.collect_dst = group.alloc_symmetric((w * max_rows * self.row_words,), torch.int32)
-        if impl == "triton":  # the local selections' scratch (pack and pushed lists), left as it was found
-            from .kernels import pack
+        if impl == "triton":  # the kernels' scratch, so that no merge allocates
+            from .kernels import keys, pack, select
 
             words = max(pack.plan(n, max_local_len).scratch_words for n in (local_topk, topk))
             self.scratch = torch.empty((max_rows, words), dtype=torch.int32, device=self.device)
-            self.arrivals = torch.zeros(max_rows, dtype=torch.int32, device=self.device)
+            self.arrivals = torch.zeros(max_rows, dtype=torch.int32, device=self.device)  # left as found
+            self.ties = torch.empty((max_rows, keys.TIE_TILE), dtype=torch.int64, device=self.device)
+            self.selected = torch.empty((max_rows, select.rescue_keys(topk)), dtype=torch.int64, device=self.device)
         self.epochs = torch.zeros(max_rows, dtype=torch.int32, device=self.device)
         self.sat = torch.zeros(max_rows, dtype=torch.int64, device=self.device)
         # Host memory the kernels can write (mapped pinned memory on CUDA), so

@@ -565,3 +565,37 @@ def test_select_alone_reads_the_rows_of_the_merge(impl):
                                                                           impl="reference")[0])
     finally:
         merge.destroy()
+
+
+@needs_triton
+def test_a_merge_allocates_nothing_in_the_kernels_launchers(monkeypatch):
+    """Every scratch buffer of the pack, the saturated push, the select and
+    the rescue lives in the workspace: with the launchers' modules unable to
+    allocate, a merge with saturated ranks still runs, exact."""
+    import types
+
+    import nvshmem_topk as nt
+    from nvshmem_topk.kernels import exchange, pack, select
+    from nvshmem_topk.timing import SimulatedMerge
+
+    device = "cuda" if not interpreted else "cpu"
+    logits = torch.randn(3, 2, 900, generator=torch.Generator().manual_seed(8)).bfloat16()
+    logits[0, 0, :200] += 6.0  # rank 0 saturated on row 0
+    ends = torch.full((3, 2), 900, dtype=torch.int32)
+    merge = SimulatedMerge(logits.to(device), ends.to(device), 64, "triton")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a kernel launcher allocated during a merge")
+
+    no_alloc = types.SimpleNamespace(**{name: getattr(torch, name) for name in dir(torch) if not name.startswith("__")})
+    for name in ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "full_like", "tensor"):
+        setattr(no_alloc, name, refuse)
+    try:
+        for module in (pack, select, exchange):
+            monkeypatch.setattr(module, "torch", no_alloc, raising=False)
+        merge()
+        monkeypatch.undo()
+        assert torch.equal(merge.ids.cpu(), nt.simulate_dcp_topk_merge(logits, ends, topk=64, impl="reference"))
+        assert int((merge.workspaces[0].sat[:2] >> 47).ne(0).sum()) == 1
+    finally:
+        merge.destroy()
