@@ -23,6 +23,20 @@ def workspace_by_handle(handle: int) -> "DcpTopkWorkspace":
                            "or never built (init_dcp_topk_merge)") from None
 
 
+def _check_same_settings(group: DcpGroup, **settings) -> None:
+    """Every rank of ``group`` passed the same settings (collective, before
+    any allocation); else one ValueError naming each setting that differs
+    and every rank's value of it."""
+    gathered = group.gather_settings(tuple(settings.values()))
+    if gathered is None:
+        return
+    differ = [f"{name} ({', '.join(f'rank {r}: {values[i]!r}' for r, values in enumerate(gathered))})"
+              for i, name in enumerate(settings) if len({values[i] for values in gathered}) > 1]
+    if differ:
+        raise ValueError(f"rank {group.rank}: the ranks of the DCP group built their workspaces with different "
+                         f"settings: {'; '.join(differ)}; every rank must pass the same ones")
+
+
 class DcpTopkTimeoutError(RuntimeError):
     """A bounded wait for a peer's flag expired (a dead, absent or desynced
     peer). The workspace refuses further merges until it is rebuilt."""
@@ -61,6 +75,8 @@ class DcpTopkWorkspace:
         self, group: DcpGroup, *, max_rows: int, topk: int, local_topk: int, max_local_len: int,
         interleave: int, impl: str, exchange: str, timeout_s: float,
     ) -> None:
+        _check_same_settings(group, max_rows=max_rows, topk=topk, local_topk=local_topk,
+                             max_local_len=max_local_len, interleave=interleave, impl=impl, exchange=exchange)
         self.group = group
         self.rank = group.rank
         self.world_size = group.world_size

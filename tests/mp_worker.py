@@ -168,10 +168,24 @@ def fault_mode(group, impl, exchange, fault):
     raise SystemExit(f"rank {rank}: the merge returned although rank 1 {fault}")
 
 
+def mismatch_mode(group, impl, exchange):
+    """Rank 1 asks for another K, rank 2 for another interleave: every rank's
+    build raises one ValueError naming both, with every rank's value."""
+    rank = group.rank
+    try:
+        nt.init_dcp_topk_merge(group, max_rows=2, topk=128 if rank == 1 else 64, max_local_len=300,
+                               interleave=2 if rank == 2 else 1, impl=impl, exchange=exchange)
+    except ValueError as err:
+        print(f"rank {rank} refused: {err}", flush=True)
+        return
+    raise SystemExit(f"rank {rank}: the workspace was built")
+
+
 def main() -> None:
     mode, impl, exchange = sys.argv[1:4]
     group = nt.ShmGroup.from_env(timeout_s=60)
-    modes = {"families": families_mode, "serving": serving_mode, "compiled": compiled_mode, "tp_dcp": tp_dcp_mode}
+    modes = {"families": families_mode, "serving": serving_mode, "compiled": compiled_mode, "tp_dcp": tp_dcp_mode,
+             "mismatch": mismatch_mode}
     if mode in modes:
         modes[mode](group, impl, exchange)
     else:

@@ -296,3 +296,11 @@ def test_launcher_local_rank_reads_hydra_open_mpi_and_slurm(monkeypatch):
 def test_nvshmem_group_without_nvshmem4py_says_how_to_install_it():
     with pytest.raises(ImportError, match=r"nvshmem-topk\[nvshmem\]"):
         nt.NvshmemGroup()
+
+
+def test_simulated_ranks_that_disagree_on_settings_raise_naming_them():
+    group = nt.SimulatedGroup(2)
+    nt.init_dcp_topk_merge(group.ranks[0], max_rows=2, topk=64, max_local_len=300)
+    with pytest.raises(ValueError, match=r"topk \(rank 0: 64, rank 1: 128\)"):
+        nt.init_dcp_topk_merge(group.ranks[1], max_rows=2, topk=128, max_local_len=300)
+    group.destroy()

@@ -96,6 +96,15 @@ def test_bad_input_on_one_rank_is_a_clear_error_there_and_a_timeout_elsewhere():
     _assert_others_raised(results)
 
 
+def test_ranks_that_disagree_on_settings_all_raise_naming_them():
+    results = _run("mismatch", "reference", "push", 3)
+    for r in results:
+        assert r.returncode == 0 and f"rank {r.rank} refused:" in r.output, r.output
+        assert "topk (rank 0: 64, rank 1: 128, rank 2: 64)" in r.output, r.output
+        assert "interleave (rank 0: 1, rank 1: 1, rank 2: 2)" in r.output, r.output
+        assert "max_rows" not in r.output, r.output
+
+
 def test_torchrun_demo_on_cpu():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",

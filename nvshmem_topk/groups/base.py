@@ -71,6 +71,14 @@ class DcpGroup(Protocol):
 
     def barrier(self) -> None: ...
 
+    def gather_settings(self, settings: tuple) -> list[tuple] | None:
+        """Collective, before any allocation: every rank's ``settings`` (a
+        tuple of ints and strings), by rank, as far as the group can gather
+        them (the ranks before this one where they run in turn in one
+        process); None where it has no host collective (NVSHMEM launched
+        without torch.distributed)."""
+        ...
+
     def destroy(self) -> None:
         """Free every symmetric allocation of this group."""
         ...

@@ -306,6 +306,14 @@ class NvshmemGroup:
         self._core.barrier(self._team, stream=_stream())
         torch.cuda.current_stream().synchronize()
 
+    def gather_settings(self, settings: tuple) -> list[tuple] | None:
+        """Over torch.distributed when the group has it; None otherwise."""
+        if not self._torch:
+            return None
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, settings, group=self._pg)
+        return gathered
+
     def destroy(self) -> None:
         """Free this group's symmetric memory (newest first) and its team.
         Collective; call after the last merge and before finalize_nvshmem."""

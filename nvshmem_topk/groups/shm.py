@@ -136,6 +136,11 @@ class ShmGroup:
     def barrier(self) -> None:
         dist.barrier(group=self._pg)
 
+    def gather_settings(self, settings: tuple) -> list[tuple]:
+        gathered = [None] * self._world_size
+        dist.all_gather_object(gathered, settings, group=self._pg)
+        return gathered
+
     def destroy(self) -> None:
         """Drop this process's mappings (the names are long gone)."""
         self._tensors.clear()

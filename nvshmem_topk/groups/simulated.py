@@ -24,6 +24,7 @@ class SimulatedGroup:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self._allocations: list[list[torch.Tensor]] = []
+        self._settings: list[list[tuple]] = []  # per workspace built, each rank's settings so far
         self.ranks = tuple(SimulatedRank(self, r) for r in range(world_size))
 
     def _allocation(self, index: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
@@ -39,6 +40,12 @@ class SimulatedGroup:
             )
         return tensors
 
+    def _gather_settings(self, index: int, settings: tuple) -> list[tuple]:
+        if index == len(self._settings):
+            self._settings.append([])
+        self._settings[index].append(settings)
+        return list(self._settings[index])
+
     def destroy(self) -> None:
         self._allocations.clear()
 
@@ -53,6 +60,7 @@ class SimulatedRank:
         self._owner = owner
         self._rank = rank
         self._next_allocation = 0
+        self._next_settings = 0
 
     @property
     def rank(self) -> int:
@@ -87,6 +95,11 @@ class SimulatedRank:
 
     def barrier(self) -> None:
         """Virtual ranks run in program order: nothing to wait for."""
+
+    def gather_settings(self, settings: tuple) -> list[tuple]:
+        """The settings of this rank and of the ranks built before it."""
+        self._next_settings += 1
+        return self._owner._gather_settings(self._next_settings - 1, settings)
 
     def destroy(self) -> None:
         self._owner.destroy()
