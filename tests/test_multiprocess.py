@@ -115,6 +115,18 @@ def test_torchrun_demo_on_cpu():
     assert len(rows) == 2 and all(line.endswith("yes") for line in rows), out.stdout
 
 
+def test_serving_indexer_example_on_cpu():
+    """examples/serving_indexer.py as its docstring runs it (CPU form):
+    a compiled indexer layer, two micro-batches, every merge checked."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          str(TESTS.parent / "examples" / "serving_indexer.py")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    steps = [line for line in out.stdout.splitlines() if line.startswith("step ")]
+    assert len(steps) == 12 and all(line.endswith("exact=True") for line in steps), out.stdout
+
+
 def test_merge_benchmark_script_runs_and_checks_exactness_on_cpu():
     """scripts/bench_merge.py on CPU processes (ShmGroup, reference stages):
     the script's orchestration, baseline and exactness column."""
