@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 
@@ -16,3 +18,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "multigpu" in item.keywords and gpus < 2:
             item.add_marker(pytest.mark.skip(reason="needs two CUDA GPUs"))
+
+
+@pytest.fixture(scope="session")  # session-wide: hypothesis tests may use it
+def device() -> str:
+    """Where the Triton kernels run: the CPU under TRITON_INTERPRET=1, else the GPU."""
+    return "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"

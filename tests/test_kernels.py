@@ -32,8 +32,7 @@ def _same_at_every_stage(logits, ends, **kw):
 
 @needs_triton
 @pytest.mark.parametrize("world_size", [1, 2, 3, *(pytest.param(w, marks=pytest.mark.slow) for w in (5, 8, 16))])
-def test_kernels_match_reference_stage_by_stage(world_size):
-    device = "cuda" if not interpreted else "cpu"
+def test_kernels_match_reference_stage_by_stage(world_size, device):
     for name, logits, ends, k, n, inter in families(world_size, seed=2, rows=3, width=200, topk=64):
         got = _same_at_every_stage(logits.to(device), ends.to(device), topk=k, local_topk=n,
                                    interleave=inter)
@@ -42,14 +41,13 @@ def test_kernels_match_reference_stage_by_stage(world_size):
 
 @needs_triton
 @pytest.mark.parametrize("interleave", [1, 64])
-def test_score_families_match_reference_stage_by_stage(interleave):
+def test_score_families_match_reference_stage_by_stage(interleave, device):
     """Every score family of the benchmarks (nvshmem_topk.testing), global
     rows sharded over 4 ranks, rows wide enough that each rank's pack
     samples them; and one rank holding the best scores (it saturates, so its
     pushed list and the rescue run)."""
     from nvshmem_topk.testing import SCORE_FAMILIES, family_scores, shard
 
-    device = "cuda" if not interpreted else "cpu"
     gen = torch.Generator().manual_seed(interleave)
     world, rows, width, k = 4, 2, 2560, 256
     cases = [(name, shard(family_scores(name, rows, world * width, gen), world, interleave))
@@ -67,7 +65,7 @@ def test_score_families_match_reference_stage_by_stage(interleave):
 
 @needs_triton
 @pytest.mark.slow
-def test_rescue_with_more_candidates_than_its_tile_matches_reference():
+def test_rescue_with_more_candidates_than_its_tile_matches_reference(device):
     """Eight saturated ranks whose boosted scores rise with the rank: every
     list but the lowest rank's lies wholly above kappa, so the rescue's
     candidates (more than rescue_keys(K)) are streamed instead of held."""
@@ -80,7 +78,6 @@ def test_rescue_with_more_candidates_than_its_tile_matches_reference():
         logits[q] += 10 + 2 * q
     logits = logits.bfloat16()
     ends = torch.full((world, 1), width, dtype=torch.int32)
-    device = "cuda" if not interpreted else "cpu"
     got = _same_at_every_stage(logits.to(device), ends.to(device), topk=k, local_topk=n)
     assert (got["sat"].cpu() >> 47).tolist() == [[0xFF]] * world
     from nvshmem_topk import format as fmt
@@ -93,13 +90,12 @@ def test_rescue_with_more_candidates_than_its_tile_matches_reference():
 
 @needs_triton
 @pytest.mark.parametrize("world_size", [2, pytest.param(5, marks=pytest.mark.slow)])
-def test_merge_whose_finish_pushes_matches_reference(world_size):
+def test_merge_whose_finish_pushes_matches_reference(world_size, device):
     """The merge as a serving call runs it (simulate_dcp_topk_merge, not
     stage by stage): the pack's finish pushes each row and raises the flags,
     with no push kernel. Every family against the reference and the oracle."""
     import nvshmem_topk as nt
 
-    device = "cuda" if not interpreted else "cpu"
     for name, logits, ends, k, n, inter in families(world_size, seed=4, rows=3, width=200, topk=64):
         got = nt.simulate_dcp_topk_merge(logits.to(device), ends.to(device), topk=k, local_topk=n,
                                          interleave=inter, impl="triton")
@@ -110,8 +106,7 @@ def test_merge_whose_finish_pushes_matches_reference(world_size):
 
 @needs_triton
 @pytest.mark.parametrize("topk,local_topk", [(96, 32), (160, 64)])
-def test_topk_not_a_power_of_two(topk, local_topk):
-    device = "cuda" if not interpreted else "cpu"
+def test_topk_not_a_power_of_two(topk, local_topk, device):
     for name, logits, ends, _, _, inter in families(3, seed=8, rows=2, width=300, topk=topk):
         if name not in ("random", "saturated_max", "all_equal", "fewer_valid_than_k"):
             continue
@@ -122,28 +117,26 @@ def test_topk_not_a_power_of_two(topk, local_topk):
 
 @needs_triton
 @pytest.mark.slow
-def test_sorted_output_and_planes_match_reference():
+def test_sorted_output_and_planes_match_reference(device):
     gen = torch.Generator().manual_seed(5)
     width = (1 << 16) + 64
     logits = (torch.randn(2, 2, width, generator=gen) * 0.1).bfloat16()
     logits[:, :, -40:] += 2.0
     logits[0, 1, :] = 1.0  # all-equal row: ties everywhere, rank 0 saturated
     ends = torch.tensor([[width, width - 5], [width - 20, width]], dtype=torch.int32)
-    device = "cuda" if not interpreted else "cpu"
     got = _same_at_every_stage(logits.to(device), ends.to(device), topk=64, local_topk=32, sorted=True)
     assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, 64), ordered=True)
 
 
 @needs_triton
 @pytest.mark.parametrize("world_size,width", [(3, 6000), (8, 4000)])
-def test_k4096_with_saturation_matches_reference(world_size, width):
+def test_k4096_with_saturation_matches_reference(world_size, width, device):
     gen = torch.Generator().manual_seed(world_size)
     logits = torch.randn(world_size, 2, width, generator=gen).bfloat16()
     logits[0, 0, :8192] += 6.0  # rank 0 saturated on row 0
     logits[:, 1] = 1.0
     ends = torch.randint(width // 2, width + 1, (world_size, 2), generator=gen, dtype=torch.int32)
     n = -(-(3 * 4096 // (2 * world_size)) // 32) * 32
-    device = "cuda" if not interpreted else "cpu"
     got = _same_at_every_stage(logits.to(device), ends.to(device), topk=4096, local_topk=n)
     assert (got["sat"][:, 0] >> 47).tolist() == [1] * world_size
     assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, 4096))
@@ -159,7 +152,7 @@ def _sampled_groups(n: int, width: int) -> torch.Tensor:
 
 
 @needs_triton
-def test_pack_every_path_matches_reference(monkeypatch):
+def test_pack_every_path_matches_reference(monkeypatch, device):
     """Rows of several blocks, each built to settle one way, the way it
     settles read back from the scratch: from one tile of candidates, from
     two, exactly on a probed tie (the ties straddling blocks), every valid
@@ -172,7 +165,6 @@ def test_pack_every_path_matches_reference(monkeypatch):
     from nvshmem_topk.kernels import pack
 
     gen = torch.Generator().manual_seed(6)
-    device = "cuda" if not interpreted else "cpu"
     n, width = 128, 3 * 4096 + 700
     normal = torch.randn(2, width, generator=gen)
     ties = torch.zeros(2, width)
@@ -219,7 +211,7 @@ def test_pack_every_path_matches_reference(monkeypatch):
 
 
 @needs_triton
-def test_filter_counts_are_exact_on_every_bf16():
+def test_filter_counts_are_exact_on_every_bf16(device):
     """The filter's four counts of a block (valid tokens, candidates, >= and
     > the probe, the last two on the sign-folded integer of the bits, not as
     floats) over every bf16 bit pattern, for probes at the edges (both
@@ -236,7 +228,6 @@ def test_filter_counts_are_exact_on_every_bf16():
     valid = ~fmt.is_nan_bits(bits)
     probes = [0, 0x7F, 0x80, 0x7FFF, 0x8000, 0x8001, 0xBF80, 0xFF80]
     floor = 0xBF80  # 1.0: the candidates are a threshold set from it
-    device = "cuda" if not interpreted else "cpu"
     plan = pack.plan(64, 1 << 16)
     scratch = torch.zeros((len(probes), plan.scratch_words), dtype=torch.int32)
     scratch[:, pack.FLOOR.value] = floor
@@ -253,7 +244,7 @@ def test_filter_counts_are_exact_on_every_bf16():
 
 
 @needs_triton
-def test_radix_boundary_matches_a_scan_of_the_histogram():
+def test_radix_boundary_matches_a_scan_of_the_histogram(device):
     """keys.radix_boundary (three results from one int64 reduction) against
     the definition: the highest bucket whose count from the top reaches
     ``need`` (-1 if none), the count above it, and its own count."""
@@ -269,7 +260,6 @@ def test_radix_boundary_matches_a_scan_of_the_histogram():
     hists[2, 0] = 1 << 20  # a whole 2^20-token row in bucket 0
     totals = hists.sum(axis=1)
     needs = np.array([1, 70_000, 1 << 20] + [int(rng.integers(1, t + 3)) for t in totals[3:]])
-    device = "cuda" if not interpreted else "cpu"
     out = torch.empty((64, 3), dtype=torch.int32, device=device)
     radix_boundary_kernel[(64,)](out, torch.tensor(hists, dtype=torch.int32, device=device),
                                  torch.tensor(needs, dtype=torch.int32, device=device))
@@ -284,7 +274,7 @@ def test_radix_boundary_matches_a_scan_of_the_histogram():
 
 @needs_triton
 @pytest.mark.parametrize("whole", [True, False])
-def test_filter_threshold_keeps_a_threshold_set(whole):
+def test_filter_threshold_keeps_a_threshold_set(whole, device):
     """The filter compares bf16 as floats against a float derived from the
     floor (tau here). Over every bf16 bit pattern, for taus at the edges
     (NaN patterns, the infinities, both zeros) and at random, the tokens it
@@ -303,7 +293,6 @@ def test_filter_threshold_keeps_a_threshold_set(whole):
     edges = [0, 1, 0x7E, 0x7F, 0x80, 0x4000, 0x7FFE, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFF7F, 0xFF80, 0xFF81, 0xFFFF]
     taus = torch.tensor(edges + torch.randint(0, 1 << 16, (9,), generator=torch.Generator().manual_seed(3)).tolist(),
                         dtype=torch.int32)
-    device = "cuda" if not interpreted else "cpu"
     out = torch.empty((len(taus), 1 << 16), dtype=torch.int8, device=device)
     candidate_kernel[(len(taus),)](out, x.to(device), taus.to(device), WIDTH=1 << 16, BLOCK=4096, WHOLE=whole)
     for tau, kept in zip(taus.tolist(), out.cpu().bool()):
@@ -316,7 +305,7 @@ def test_filter_threshold_keeps_a_threshold_set(whole):
 
 
 @needs_triton
-def test_tile_threshold_near_the_top_and_far_from_it():
+def test_tile_threshold_near_the_top_and_far_from_it(device):
     """The estimate's and the finish's threshold (one histogram of the
     level below the tile's top level and a count, the byte histograms when
     the boundary is 254 or more steps down) against its definition: the need-th largest
@@ -336,7 +325,6 @@ def test_tile_threshold_near_the_top_and_far_from_it():
     valid = (torch.rand(scores.shape, generator=gen) < 0.9).to(torch.int32)
     valid[3::4] = 1
     needs = torch.tensor([c[1] for c in cases], dtype=torch.int32)
-    device = "cuda" if not interpreted else "cpu"
     out = torch.empty((len(cases), 2), dtype=torch.int32, device=device)
     tile_threshold_kernel[(len(cases),)](out, scores.to(device), valid.to(device), needs.to(device), TILE=tile)
     for case, (score, ok, need) in enumerate(zip(scores, valid.bool(), needs.tolist())):
@@ -350,7 +338,7 @@ def test_tile_threshold_near_the_top_and_far_from_it():
 
 
 @needs_triton
-def test_kth_largest_near_the_top_and_far_from_it():
+def test_kth_largest_near_the_top_and_far_from_it(device):
     """The select's k-th key (a histogram of the score's level below the top
     level, then the last score bit and the gid bits; the full radix from the top
     bit when the boundary is 127 or more levels down) against sorting: clustered
@@ -380,7 +368,6 @@ def test_kth_largest_near_the_top_and_far_from_it():
     cases += [(key.view(rows, cols), k) for k in range(11, 16)]
     keys = torch.stack([c[0] for c in cases])
     ks = torch.tensor([c[1] for c in cases], dtype=torch.int32)
-    device = "cuda" if not interpreted else "cpu"
     out = torch.empty(len(cases), 2, dtype=torch.int64, device=device)
     ties = torch.empty(len(cases), TIE_TILE, dtype=torch.int64, device=device)
     kth_largest_kernel[(len(cases),)](out, ties, keys.to(device), ks.to(device), ROWS=rows, COLS=cols,
@@ -426,10 +413,9 @@ def test_plan_sizes_the_tile_and_the_scratch():
     sorted_=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_property_kernels_match_reference_stage_by_stage(world_size, rows, width, k_blocks, n_blocks,
+def test_property_kernels_match_reference_stage_by_stage(device, world_size, rows, width, k_blocks, n_blocks,
                                                          interleave, levels, sorted_, seed):
     logits, ends = special_value_case(world_size, rows, width, levels, seed)
-    device = "cuda" if not interpreted else "cpu"
     got = _same_at_every_stage(logits.to(device), ends.to(device), topk=32 * k_blocks,
                                local_topk=32 * n_blocks, interleave=interleave, sorted=sorted_)
     assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, 32 * k_blocks, interleave), ordered=sorted_)
@@ -437,10 +423,9 @@ def test_property_kernels_match_reference_stage_by_stage(world_size, rows, width
 
 @needs_triton
 @pytest.mark.parametrize("world_size,rows,width", [(2, 3, 0), (2, 0, 100), (1, 2, 1), (3, 1, 31)])
-def test_empty_and_tiny_shapes(world_size, rows, width):
+def test_empty_and_tiny_shapes(world_size, rows, width, device):
     import nvshmem_topk as nt
 
-    device = "cuda" if not interpreted else "cpu"
     logits = torch.randn(world_size, rows, width, generator=torch.Generator().manual_seed(1)).bfloat16()
     ends = torch.full((world_size, rows), width, dtype=torch.int32)
     got = nt.simulate_dcp_topk_merge(logits.to(device), ends.to(device), topk=32, impl="triton")
@@ -450,23 +435,21 @@ def test_empty_and_tiny_shapes(world_size, rows, width):
 
 
 @needs_triton
-def test_fp32_logits_round_to_bf16_like_the_reference():
+def test_fp32_logits_round_to_bf16_like_the_reference(device):
     gen = torch.Generator().manual_seed(9)
     logits = torch.randn(3, 3, 300, generator=gen)
     logits[:, :, ::7] = 1.0 + 2**-8  # halfway between two bf16 values: rounds to even
     logits[:, 0, :5] = float("nan")
     ends = torch.full((3, 3), 300, dtype=torch.int32)
-    device = "cuda" if not interpreted else "cpu"
     got = _same_at_every_stage(logits.to(device), ends.to(device), topk=64, local_topk=32)
     assert_exact(got["ids"].cpu(), oracle_topk(logits.bfloat16(), ends, 64))
 
 
 @needs_triton
-def test_pack_indices_kernel_matches_reference():
+def test_pack_indices_kernel_matches_reference(device):
     import nvshmem_topk as nt
     from nvshmem_topk import reference
 
-    device = "cuda" if not interpreted else "cpu"
     for _, logits, ends, _, n, _ in families(1, seed=3, rows=3, width=300, topk=64):
         idx = reference.local_topk_indices(logits[0], ends[0], n, 300).int()
         idx[:, ::3] = idx.flip(1)[:, ::3]  # any order, some ids repeated or -1
@@ -477,10 +460,9 @@ def test_pack_indices_kernel_matches_reference():
 
 
 @needs_triton
-def test_kernel_timeout_records_status_and_raises():
+def test_kernel_timeout_records_status_and_raises(device):
     import nvshmem_topk as nt
 
-    device = "cuda" if not interpreted else "cpu"
     group = nt.SimulatedGroup(2, device)
     ws = [nt.init_dcp_topk_merge(g, max_rows=1, topk=32, max_local_len=64, timeout_s=0.01, impl="triton")
           for g in group.ranks]
@@ -497,7 +479,7 @@ def test_kernel_timeout_records_status_and_raises():
 
 
 @needs_triton
-def test_rows_after_an_expired_wait_do_not_wait_again():
+def test_rows_after_an_expired_wait_do_not_wait_again(device):
     """Rows that wait one after another (the interpreter runs a grid's
     programs in turn; on a GPU, a second wave of CTAs) end their waits once
     the status records an expired one: 16 rows take about one bound, not 16.
@@ -508,7 +490,6 @@ def test_rows_after_an_expired_wait_do_not_wait_again():
 
     import nvshmem_topk as nt
 
-    device = "cuda" if not interpreted else "cpu"
     rows, timeout_s = 16, 0.5
     group = nt.SimulatedGroup(2, device)
     ws = nt.init_dcp_topk_merge(group.ranks[0], max_rows=rows, topk=32, max_local_len=64, timeout_s=timeout_s,
@@ -547,13 +528,12 @@ def test_gpu_serving_shapes_match_reference_and_oracle(world_size, rows, width, 
 
 @needs_triton
 @pytest.mark.parametrize("impl", ["reference", "triton"])
-def test_select_alone_reads_the_rows_of_the_merge(impl):
+def test_select_alone_reads_the_rows_of_the_merge(impl, device):
     """SimulatedMerge.select_alone (what the benchmarks time) selects over
     the merged rows, not over a gather buffer no merge wrote."""
     import nvshmem_topk as nt
     from nvshmem_topk.timing import SimulatedMerge
 
-    device = "cuda" if not interpreted else "cpu"
     logits = torch.randn(3, 2, 300, generator=torch.Generator().manual_seed(4)).bfloat16()
     ends = torch.full((3, 2), 300, dtype=torch.int32)
     merge = SimulatedMerge(logits.to(device), ends.to(device), 64, impl)
@@ -568,7 +548,7 @@ def test_select_alone_reads_the_rows_of_the_merge(impl):
 
 
 @needs_triton
-def test_a_merge_allocates_nothing_in_the_kernels_launchers(monkeypatch):
+def test_a_merge_allocates_nothing_in_the_kernels_launchers(monkeypatch, device):
     """Every scratch buffer of the pack, the saturated push, the select and
     the rescue lives in the workspace: with the launchers' modules unable to
     allocate, a merge with saturated ranks still runs, exact."""
@@ -578,7 +558,6 @@ def test_a_merge_allocates_nothing_in_the_kernels_launchers(monkeypatch):
     from nvshmem_topk.kernels import exchange, pack, select
     from nvshmem_topk.timing import SimulatedMerge
 
-    device = "cuda" if not interpreted else "cpu"
     logits = torch.randn(3, 2, 900, generator=torch.Generator().manual_seed(8)).bfloat16()
     logits[0, 0, :200] += 6.0  # rank 0 saturated on row 0
     ends = torch.full((3, 2), 900, dtype=torch.int32)
