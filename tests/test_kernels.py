@@ -483,7 +483,7 @@ def test_rows_after_an_expired_wait_do_not_wait_again(device):
     """Rows that wait one after another (the interpreter runs a grid's
     programs in turn; on a GPU, a second wave of CTAs) end their waits once
     the status records an expired one: 16 rows take about one bound, not 16.
-    Under the interpreter a poll takes 0.25 to 0.9 ms (_backends.py) and the
+    Under the interpreter a poll takes 0.25 to 0.9 ms (protocol.py, SPINS_PER_SECOND) and the
     bound is 1000 polls: 16 bounds take at least 4 s, one bound and 15 rows
     that each poll until the next status check (32 polls) at most 1.3 s."""
     import time
