@@ -13,7 +13,7 @@ import triton.language as tl
 from . import nvshmem_device
 from .keys import MAX_PEERS
 from .launch import Launch
-from .sync import after_prior_kernel, release_flags, uses_pdl
+from .sync import after_prior_kernel, release_flags
 
 
 @triton.jit
@@ -98,7 +98,7 @@ def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, pes_ptr, ma
 
 
 def push_rows_launch(packed, epochs, gather_ptrs, flag_ptrs, pes, *, max_rows: int, rank: int, world_size: int,
-                     library_peers: int) -> Launch:
+                     library_peers: int, pdl: bool) -> Launch:
     """packed: int32 [T, words]; epochs: int32 [>= T] (this call is epoch+1);
     gather_ptrs / flag_ptrs: int64 [W] peer addresses of the symmetric
     gather buffers [2, W, max_rows, words] and flags [2, W, max_rows]
@@ -108,7 +108,7 @@ def push_rows_launch(packed, epochs, gather_ptrs, flag_ptrs, pes, *, max_rows: i
     rows, words = packed.shape
     return Launch(push_rows_kernel, (rows,), (packed, epochs, gather_ptrs, flag_ptrs, pes, max_rows, rank),
                   dict(WORDS=words, WORLD=world_size, LIBRARY_PEERS=library_peers, BLOCK=512,
-                       PDL=uses_pdl(packed.device)), 4)
+                       PDL=pdl), 4)
 
 
 def push_rows(packed, *args, **kw) -> None:

@@ -44,7 +44,7 @@ from .exchange import call_epoch, push_list, push_row
 from .keys import (MAX_PEERS, MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, bf16_bits, is_nan_bits, near_bin, near_boundary,
                    ord16, packed_word, radix_boundary, score_bits)
 from .launch import Launch
-from .sync import after_prior_kernel, last_to_arrive, uses_pdl
+from .sync import after_prior_kernel, last_to_arrive
 
 BLOCK = tl.constexpr(4096)  # tokens a filter program reads; a power of two up to 2^16 (words carry 16 id bits)
 FILTER_WARPS = 4
@@ -505,8 +505,8 @@ def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.co
 
 
 @triton.jit
-def filter_kernel(scratch_ptr, rows, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr, PAIRS: tl.constexpr,
-                  PDL: tl.constexpr):
+def filter_kernel(scratch_ptr, rows, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr,
+                  PAIRS: tl.constexpr, PDL: tl.constexpr):
     """One read of the block: its counts and its candidates' words, in
     order, to its region (the first REGION of them: a block with more has
     more candidates than any row that is settled from them). PAIRS: bf16
@@ -689,8 +689,8 @@ def _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, ma
 
 
 @triton.jit
-def finish_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
-                  REGION: tl.constexpr, BLOCKS_P2: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
+def finish_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
+                  LIST: tl.constexpr, REGION: tl.constexpr, BLOCKS_P2: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
                   REGIONS_AT: tl.constexpr, TILE: tl.constexpr, SPAN: tl.constexpr, WORLD: tl.constexpr,
                   LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Settles the row from the filter's counts: the first span selects from
@@ -765,8 +765,8 @@ def _summed(histograms, spans, AT: tl.constexpr):
 
 
 @triton.jit
-def radix_low_kernel(scratch_ptr, rows, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr,
-                     PDL: tl.constexpr):
+def radix_low_kernel(scratch_ptr, rows, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
+                     SPAN: tl.constexpr, PDL: tl.constexpr):
     """Radix rows: the boundary bucket of the high byte over the row, then
     the span's histogram of the low byte inside it."""
     logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
@@ -778,14 +778,15 @@ def radix_low_kernel(scratch_ptr, rows, N: tl.constexpr, LIST: tl.constexpr, HIS
         if tl.load(scratch + MODE) == RADIX:
             histograms = scratch + HISTOGRAMS_AT
             high, _, _ = radix_boundary(_summed(histograms, tl.num_programs(0), 0), N)
-            _span_histogram(histograms, logits_ptr, row, logits_stride, span, tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
-                            _row_end(row_ends_ptr, row, width_limit), high, 256, True, SPAN)
+            _span_histogram(histograms, logits_ptr, row, logits_stride, span,
+                            tl.cdiv(tl.maximum(width_limit, 1), BLOCK), _row_end(row_ends_ptr, row, width_limit), high,
+                            256, True, SPAN)
 
 
 @triton.jit
-def radix_write_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
-                       HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr, WORLD: tl.constexpr,
-                       LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+def radix_write_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl.constexpr,
+                       SLOTS: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr,
+                       WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Radix rows: the threshold from the two byte histograms, each span's
     tokens above it and tied with it from its own, then its kept tokens."""
     logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
@@ -851,7 +852,7 @@ def _planes(words: int, n: int) -> int:
 
 
 def pipeline(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
-             publish: Publish | None = None) -> list[Launch]:
+             publish: Publish | None = None, pdl: bool = False) -> list[Launch]:
     """The five launches of ``select_local`` (none for no rows)."""
     rows, width = logits.shape
     if rows == 0:
@@ -866,7 +867,6 @@ def pipeline(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arri
     rows_arg = (logits, row_ends, pub.sat if listing else row_ends, logits.stride(0), limit, scratch.stride(0),
                 pub.rank)
     peers_arg = (arrivals, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, pub.max_rows)
-    pdl = uses_pdl(out.device)
     target = dict(N=n, PLANES=_planes(words, n), SLOTS=max(pub.list_slots, 1), LIST=listing, PDL=pdl)
     peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers)
     pairs = (logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0 and width % 2 == 0
@@ -888,16 +888,18 @@ def pipeline(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arri
 
 
 def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
-                 publish: Publish | None = None) -> None:
+                 publish: Publish | None = None, pdl: bool = False) -> None:
     """The packed local top-``n`` of every row of ``logits`` [T, S] (bf16 or
     fp32, stride(1) == 1; row_ends int32 [T]) into ``out``: int32
     [T, n + P*n/32] (round 1), or, for pushed lists, the receive buffer
     [max_rows, slots, n + P*n/32] (rows where this rank is saturated only).
     scratch: int32 [>= T, plan(n, max_local_len).scratch_words] (enough for
     any narrower call, which is planned for its own width); arrivals:
-    int32 [>= T], zero between calls (the kernels leave them so)."""
+    int32 [>= T], zero between calls (the kernels leave them so). pdl:
+    launch each kernel as a programmatic dependent of the one before it
+    (GPUs only)."""
     for launch in pipeline(out, logits, row_ends, n=n, max_local_len=max_local_len, scratch=scratch,
-                           arrivals=arrivals, publish=publish):
+                           arrivals=arrivals, publish=publish, pdl=pdl):
         launch()
 
 
@@ -908,14 +910,14 @@ def scratch_for(rows: int, n: int, max_local_len: int, device) -> tuple[torch.Te
 
 
 def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, push: Publish | None = None,
-         scratch=None) -> None:
+         scratch=None, pdl: bool = False) -> None:
     """Round 1: out int32 [T, N + P*N/32] (P read off its width). ``push``,
     when given (every peer reached by address), also pushes each finished
     row to every peer's gather buffer and raises its flag. ``scratch``:
     (scratch, arrivals) as ``scratch_for`` makes them."""
     scratch, arrivals = scratch or scratch_for(logits.shape[0], local_topk, max_local_len, out.device)
     select_local(out, logits, row_ends, n=local_topk, max_local_len=max_local_len, scratch=scratch,
-                 arrivals=arrivals, publish=push)
+                 arrivals=arrivals, publish=push, pdl=pdl)
 
 
 @triton.jit
@@ -945,14 +947,14 @@ def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_ends_ptr, logits_strid
             tl.store(out_row + N + p * (N // 32) + group, plane, mask=group < N // 32)
 
 
-def pack_indices_launch(out, logits, local_idx, row_ends, *, max_local_len: int) -> Launch:
+def pack_indices_launch(out, logits, local_idx, row_ends, *, max_local_len: int, pdl: bool = False) -> Launch:
     rows, width = logits.shape
     n = local_idx.shape[1]
     return Launch(pack_indices_kernel, (rows,),
                   (out, logits, local_idx, row_ends, logits.stride(0), local_idx.stride(0), min(width, max_local_len)),
-                  dict(N=n, PLANES=_planes(out.shape[1], n), GROUPS=8, PDL=uses_pdl(out.device)), 4)
+                  dict(N=n, PLANES=_planes(out.shape[1], n), GROUPS=8, PDL=pdl), 4)
 
 
-def pack_indices(out, logits, local_idx, row_ends, *, max_local_len: int) -> None:
+def pack_indices(out, logits, local_idx, row_ends, *, max_local_len: int, pdl: bool = False) -> None:
     if logits.shape[0]:
-        pack_indices_launch(out, logits, local_idx, row_ends, max_local_len=max_local_len)()
+        pack_indices_launch(out, logits, local_idx, row_ends, max_local_len=max_local_len, pdl=pdl)()

@@ -17,7 +17,7 @@ from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, SCORE_BITS, TIE_TILE, decode_
                    radix_boundary, radix_digit_histogram)
 from .exchange import call_epoch, gather_slot
 from .launch import Launch
-from .sync import after_prior_kernel, record_timeout, uses_pdl, wait_flags_at_least
+from .sync import after_prior_kernel, record_timeout, wait_flags_at_least
 
 
 @triton.jit
@@ -208,7 +208,7 @@ SELECT_WARPS = 8
 
 
 def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, max_rows, rank,
-                  world_size, topk, local_topk, planes, interleave, gid_bits, max_spins) -> Launch:
+                  world_size, topk, local_topk, planes, interleave, gid_bits, max_spins, pdl) -> Launch:
     """Round 1's select: ids and/or rows of every row and its saturation
     state (a saturated rank's pushed list is built afterwards, by
     ``pack.select_local``). ties: int64 [>= T, TIE_TILE] scratch."""
@@ -217,7 +217,7 @@ def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
                    rank),
                   dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=_p2(world_size),
                        N_P2=_p2(local_topk), INTERLEAVE=interleave, GID_BITS=gid_bits, EMIT_IDS=ids is not None,
-                       EMIT_ROWS=rows is not None, SORTED=sorted, PDL=uses_pdl(sat.device)), SELECT_WARPS)
+                       EMIT_ROWS=rows is not None, SORTED=sorted, PDL=pdl), SELECT_WARPS)
 
 
 RESCUE_TILE = 1024
@@ -231,7 +231,7 @@ def rescue_keys(topk: int) -> int:
 
 def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, selected, recv,
                   max_rows, rank, world_size, topk, local_topk, planes, slots, interleave, gid_bits,
-                  max_spins) -> Launch:
+                  max_spins, pdl) -> Launch:
     """Round 2's rescue. ties: int64 [>= T, TIE_TILE] and selected: int64
     [>= T, rescue_keys(K)] scratch."""
     keys = rescue_keys(topk)
@@ -241,7 +241,7 @@ def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
                   dict(TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(slots, 1), WORLD=world_size,
                        WORLD_P2=_p2(world_size), KEYS=keys, TILE=RESCUE_TILE, INTERLEAVE=interleave,
                        GID_BITS=gid_bits, EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted,
-                       PDL=uses_pdl(sat.device)), min(16, keys // 256))
+                       PDL=pdl), min(16, keys // 256))
 
 
 def select(**kw) -> None:

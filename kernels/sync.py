@@ -14,8 +14,9 @@ tensor atomic's replicated lanes), all of a row's flags at once: one memory
 round trip per poll, not one per peer.
 
 Kernel order: on a GPU every kernel is launched as a programmatic dependent
-of the one before it on the stream (PDL), so that its launch overlaps that
-kernel's run. Its first step (``after_prior_kernel``) waits until the prior
+of the one before it on the stream (PDL, the ``pdl`` argument of every
+launcher: a workspace's setting, on by default on GPUs; the interpreter has
+none), so that its launch overlaps that kernel's run. Its first step (``after_prior_kernel``) waits until the prior
 kernel has finished and its writes are visible, and only then lets the next
 kernel launch: a kernel released before its own wait would let the whole
 chain launch at once, every CTA holding its registers while it waits. So
@@ -24,20 +25,9 @@ wrote (the caller's logits, for the pack's filter) may be read before the
 wait.
 """
 
-import os
-
-import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-
-def uses_pdl(device: torch.device) -> bool:
-    """Whether kernels on ``device`` are launched with PDL (the interpreter
-    runs kernels one after another and has none). NVSHMEM_TOPK_PDL=0 turns
-    it off: the benchmarks' per-kernel times do, since under PDL a kernel's
-    profiled time also covers its prior's."""
-    return device.type == "cuda" and os.environ.get("NVSHMEM_TOPK_PDL", "1") != "0"
 
 
 @triton.jit

@@ -63,6 +63,13 @@ def check_out(name: str, t, shape: tuple[int, int], device, at_least_cols: bool 
         raise ValueError(f"{name} must be [{shape[0]}, {cols}], got {tuple(t.shape)}")
 
 
+def packed_out(out, rows: int, words: int, device) -> torch.Tensor:
+    """A stage's int32 [rows, words] output: ``out`` checked, or a new one."""
+    out = torch.empty((rows, words), dtype=torch.int32, device=device) if out is None else out
+    check_out("out", out, (rows, words), device)
+    return out
+
+
 def check_rows(rows: RowsOutput, num_rows: int, topk: int, device) -> None:
     check_tensor("req_id", rows.req_id, torch.int32, 1, device)
     if rows.req_id.shape[0] < num_rows:
@@ -114,6 +121,15 @@ def check_single_rank(ws: DcpTopkWorkspace) -> None:
             "simulate_dcp_topk_merge, or drive the stages (pack, exchange, select, rescue) "
             "rank by rank"
         )
+
+
+def check_pdl(pdl, device: torch.device) -> bool:
+    """``pdl`` with its default: on for GPUs (the interpreter has none)."""
+    if pdl is None:
+        return device.type == "cuda"
+    if not isinstance(pdl, bool) or (pdl and device.type != "cuda"):
+        raise ValueError(f"pdl must be None, False, or True on a CUDA device; got {pdl!r} on {device}")
+    return pdl
 
 
 def check_settings(group, *, max_rows, topk, local_topk, max_local_len, interleave, impl, exchange,

@@ -22,7 +22,7 @@ from .workspace import DcpTopkWorkspace
 
 def init_dcp_topk_merge(
     group: DcpGroup, *, max_rows: int, topk: int, max_local_len: int, local_topk: int | None = None,
-    interleave: int = 1, impl: str | None = None, exchange: str = "push", timeout_s: float = 5.0,
+    interleave: int = 1, impl: str | None = None, exchange: str = "push", timeout_s: float = 5.0, pdl=None,
 ) -> DcpTopkWorkspace:
     """Build this rank's workspace (collective over ``group``; before any
     merge and before CUDA-graph capture).
@@ -35,14 +35,15 @@ def init_dcp_topk_merge(
     "push" (Triton stores into every peer's buffer, bounded waits; the
     default and the fastest measured), "all_gather" (NCCL) or "fcollect"
     (NVSHMEM's, NvshmemGroup only; its wait is unbounded); timeout_s: bound
-    of every wait."""
+    of every wait; pdl: launch each kernel as a programmatic dependent of
+    the one before (default: on GPUs)."""
     local_topk, impl = checks.check_settings(group, max_rows=max_rows, topk=topk, local_topk=local_topk,
                                              max_local_len=max_local_len, interleave=interleave, impl=impl,
                                              exchange=exchange, timeout_s=timeout_s)
     return DcpTopkWorkspace(
         group, max_rows=max_rows, topk=topk, local_topk=local_topk, max_local_len=max_local_len,
         interleave=interleave, impl=impl, exchange=exchange, timeout_s=float(timeout_s),
-    )
+        pdl=checks.check_pdl(pdl, group.device))
 
 
 # ---------------------------------------------------------------- stages
@@ -50,7 +51,7 @@ def init_dcp_topk_merge(
 
 def dcp_topk_pack(
     logits: torch.Tensor, row_ends: torch.Tensor, *, local_topk: int, max_local_len: int,
-    out: torch.Tensor | None = None, impl: str | None = None,
+    out: torch.Tensor | None = None, impl: str | None = None, pdl: bool | None = None,
 ) -> torch.Tensor:
     """This rank's round-1 rows: the local top-N by (score desc, local id
     asc) of ``logits`` [T, S] (bf16; fp32 is rounded to bf16) below
@@ -60,17 +61,16 @@ def dcp_topk_pack(
     checks.check_int("local_topk", local_topk, fmt.WARP, None, fmt.WARP)
     checks.check_int("max_local_len", max_local_len, 1, fmt.MAX_LOCAL_LEN)
     words = fmt.packed_row_words(local_topk, fmt.num_planes(max_local_len))
-    out = torch.empty((rows, words), dtype=torch.int32, device=logits.device) if out is None else out
-    checks.check_out("out", out, (rows, words), logits.device)
-    backend(resolve_impl(impl, logits.device)).pack(
-        logits[:rows], row_ends[:rows], out, local_topk=local_topk, max_local_len=max_local_len
-    )
+    out = checks.packed_out(out, rows, words, logits.device)
+    backend(resolve_impl(impl, logits.device)).pack(logits[:rows], row_ends[:rows], out, local_topk=local_topk,
+                                                    max_local_len=max_local_len,
+                                                    pdl=checks.check_pdl(pdl, out.device))
     return out
 
 
 def dcp_topk_pack_indices(
     logits: torch.Tensor, local_idx: torch.Tensor, row_ends: torch.Tensor, *, max_local_len: int,
-    out: torch.Tensor | None = None, impl: str | None = None,
+    out: torch.Tensor | None = None, impl: str | None = None, pdl: bool | None = None,
 ) -> torch.Tensor:
     """Pack a caller's local top-N ``local_idx`` [T, N] int32 (-1 padded, N
     a multiple of 32) in its order; ids outside [0, min(row_ends, S,
@@ -83,11 +83,10 @@ def dcp_topk_pack_indices(
     checks.check_int("local_idx.shape[1]", local_idx.shape[1], fmt.WARP, None, fmt.WARP)
     checks.check_int("max_local_len", max_local_len, 1, fmt.MAX_LOCAL_LEN)
     words = fmt.packed_row_words(local_idx.shape[1], fmt.num_planes(max_local_len))
-    out = torch.empty((rows, words), dtype=torch.int32, device=logits.device) if out is None else out
-    checks.check_out("out", out, (rows, words), logits.device)
-    backend(resolve_impl(impl, logits.device)).pack_indices(
-        logits, local_idx, row_ends[:rows], out, max_local_len=max_local_len
-    )
+    out = checks.packed_out(out, rows, words, logits.device)
+    pdl = checks.check_pdl(pdl, out.device)
+    backend(resolve_impl(impl, logits.device)).pack_indices(logits, local_idx, row_ends[:rows], out,
+                                                            max_local_len=max_local_len, pdl=pdl)
     return out
 
 

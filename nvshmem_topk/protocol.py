@@ -100,11 +100,11 @@ class ReferenceBackend:
     """The protocol in eager torch (host-side bounded waits; syncs freely)."""
 
     @staticmethod
-    def pack(logits, row_ends, out, *, local_topk, max_local_len):
+    def pack(logits, row_ends, out, *, local_topk, max_local_len, pdl=False):  # pdl: no kernels here
         out.copy_(reference.pack(logits, row_ends, local_topk, max_local_len))
 
     @staticmethod
-    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len):
+    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, pdl=False):
         out.copy_(reference.pack_indices(logits, local_idx, row_ends, max_local_len))
 
     @staticmethod
@@ -193,16 +193,16 @@ class TritonBackend:
     through the workspace's address tables."""
 
     @staticmethod
-    def pack(logits, row_ends, out, *, local_topk, max_local_len):
+    def pack(logits, row_ends, out, *, local_topk, max_local_len, pdl=False):
         from .kernels import pack
 
-        pack.pack(out, logits, row_ends, local_topk=local_topk, max_local_len=max_local_len)
+        pack.pack(out, logits, row_ends, local_topk=local_topk, max_local_len=max_local_len, pdl=pdl)
 
     @staticmethod
-    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len):
+    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, pdl=False):
         from .kernels import pack
 
-        pack.pack_indices(out, logits, local_idx, row_ends, max_local_len=max_local_len)
+        pack.pack_indices(out, logits, local_idx, row_ends, max_local_len=max_local_len, pdl=pdl)
 
     @staticmethod
     def push_rows(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
@@ -210,7 +210,7 @@ class TritonBackend:
 
         exchange.push_rows(packed, ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs, ws.pes,
                            max_rows=ws.max_rows, rank=ws.rank, world_size=ws.world_size,
-                           library_peers=ws.library_peers)
+                           library_peers=ws.library_peers, pdl=ws.pdl)
 
     @staticmethod
     def pack_and_push(ws: DcpTopkWorkspace, logits, row_ends, out) -> None:
@@ -221,7 +221,7 @@ class TritonBackend:
         push = pack.Publish(ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
                             ws.world_size)
         pack.pack(out, logits, row_ends, local_topk=ws.local_topk, max_local_len=ws.max_local_len, push=push,
-                  scratch=(ws.scratch, ws.arrivals))
+                  scratch=(ws.scratch, ws.arrivals), pdl=ws.pdl)
 
     @staticmethod
     def _common(ws: DcpTopkWorkspace, rows: int, out: Outputs) -> dict:
@@ -229,7 +229,7 @@ class TritonBackend:
                     status=ws.status, gather=ws.gather.local, flags=ws.flags.local, epochs=ws.epochs,
                     ties=ws.ties, max_rows=ws.max_rows, rank=ws.rank, world_size=ws.world_size, topk=ws.topk,
                     local_topk=ws.local_topk, planes=ws.planes, interleave=ws.interleave, gid_bits=ws.gid_bits,
-                    max_spins=max(1, int(ws.timeout_s * SPINS_PER_SECOND[ws.device.type])))
+                    max_spins=max(1, int(ws.timeout_s * SPINS_PER_SECOND[ws.device.type])), pdl=ws.pdl)
 
     @classmethod
     def select(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
@@ -244,7 +244,7 @@ class TritonBackend:
                                 ws.world_size, sat=ws.sat, list_slots=ws.slots, library_peers=ws.library_peers)
             pack.select_local(ws.recv.local, logits[:rows], row_ends[:rows], n=ws.topk,
                               max_local_len=ws.max_local_len, scratch=ws.scratch, arrivals=ws.arrivals,
-                              publish=push)
+                              publish=push, pdl=ws.pdl)
 
     @classmethod
     def rescue(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
@@ -305,7 +305,7 @@ def run_merge(workspaces: list[DcpTopkWorkspace], logits, row_ends, outputs: lis
                 impl.pack_and_push(ws, logits[r][:rows], row_ends[r][:rows], mine)
                 continue
             impl.pack(logits[r][:rows], row_ends[r][:rows], mine, local_topk=ws.local_topk,
-                      max_local_len=ws.max_local_len)
+                      max_local_len=ws.max_local_len, pdl=ws.pdl)
         exchange(ws, mine)
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):
         impl.select(ws, logits[r], row_ends[r], rows, outputs[r])

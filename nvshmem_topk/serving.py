@@ -30,14 +30,15 @@ class DcpTopkIndexer:
 
     def __init__(self, group: DcpGroup, *, max_rows: int, topk: int, max_local_len: int,
                  local_topk: int | None = None, micro_batches: int = 1, interleave: int = 1,
-                 impl: str | None = None, exchange: str = "push", timeout_s: float = 5.0) -> None:
+                 impl: str | None = None, exchange: str = "push", timeout_s: float = 5.0,
+                 pdl: bool | None = None) -> None:
         if not isinstance(micro_batches, int) or micro_batches < 1:
             raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
         self.group = group
         self.workspaces = [
             api.init_dcp_topk_merge(group, max_rows=max_rows, topk=topk, max_local_len=max_local_len,
                                     local_topk=local_topk, interleave=interleave, impl=impl,
-                                    exchange=exchange, timeout_s=timeout_s)
+                                    exchange=exchange, timeout_s=timeout_s, pdl=pdl)
             for _ in range(micro_batches)
         ]
         self.topk = topk

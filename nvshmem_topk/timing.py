@@ -4,10 +4,9 @@ device times."""
 
 from __future__ import annotations
 
-import os
+import contextlib
 import statistics
 import time
-from unittest import mock
 
 import torch
 
@@ -113,11 +112,20 @@ def graph_us(fn, reps: int, *, flush_l2: bool = True, before=None) -> float:
                      flush_l2=flush_l2, before=before)
 
 
-def without_pdl():
-    """A context in which kernels are launched (and graphs captured)
-    without programmatic dependent launch (kernels/sync.py), so that each
-    kernel's profiled time is its own: under PDL it also covers its prior's."""
-    return mock.patch.dict(os.environ, {"NVSHMEM_TOPK_PDL": "0"})
+@contextlib.contextmanager
+def without_pdl(workspaces=()):
+    """A context in which the ``workspaces`` launch (and graphs capture)
+    kernels without programmatic dependent launch (kernels/sync.py), so
+    that each kernel's profiled time is its own: under PDL it also covers
+    its prior's."""
+    saved = [ws.pdl for ws in workspaces]
+    for ws in workspaces:
+        ws.pdl = False
+    try:
+        yield
+    finally:
+        for ws, pdl in zip(workspaces, saved):
+            ws.pdl = pdl
 
 
 def kernel_times(fn, iters: int = 20) -> dict[str, float]:

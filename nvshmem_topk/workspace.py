@@ -73,7 +73,7 @@ class DcpTopkWorkspace:
 
     def __init__(
         self, group: DcpGroup, *, max_rows: int, topk: int, local_topk: int, max_local_len: int,
-        interleave: int, impl: str, exchange: str, timeout_s: float,
+        interleave: int, impl: str, exchange: str, timeout_s: float, pdl: bool,
     ) -> None:
         _check_same_settings(group, max_rows=max_rows, topk=topk, local_topk=local_topk,
                              max_local_len=max_local_len, interleave=interleave, impl=impl, exchange=exchange)
@@ -91,6 +91,7 @@ class DcpTopkWorkspace:
         self.impl = impl
         self.exchange = exchange
         self.timeout_s = timeout_s
+        self.pdl = pdl  # kernels launched as programmatic dependents of the one before (GPUs)
         self.row_words = fmt.packed_row_words(local_topk, self.planes)
         self.push_words = fmt.packed_row_words(topk, self.planes)
         self.slots = fmt.rescue_slots(topk, local_topk)

@@ -49,14 +49,16 @@ def bench_pack(rows, width, family, gen, n=384, per_kernel=False):
     copies = [family_scores(family, rows, width, gen, dev) for _ in range(CALLS)]
     ends = torch.full((rows,), width, dtype=torch.int32, device=dev)
     outs = torch.empty(CALLS, rows, packed_row_words(n, 1), dtype=torch.int32, device=dev)
-    pack = lambda i: nt.dcp_topk_pack(copies[i], ends, local_topk=n, max_local_len=131072, out=outs[i], impl="triton")
+    def pack(i, pdl=None):
+        nt.dcp_topk_pack(copies[i], ends, local_topk=n, max_local_len=131072, out=outs[i], impl="triton", pdl=pdl)
+
     t_pack = bench(graphed_calls(pack, range(CALLS)).replay, CALLS)
     t_topk = bench(graphed_calls(lambda i: copies[i].topk(n, dim=1), range(CALLS)).replay, CALLS)
     exact = all(torch.equal(outs[i], reference.pack(copies[i], ends, n, 131072)) for i in range(CALLS))
     own = {}
     if per_kernel:
-        with without_pdl():  # each kernel's own time
-            own = kernel_times(graphed_calls(pack, range(CALLS)).replay)
+        # each kernel's own time: without PDL a kernel's profile does not cover its prior's
+        own = kernel_times(graphed_calls(lambda i: pack(i, pdl=False), range(CALLS)).replay)
     return dict(T=rows, S=width, N=n, family=family, pack_us=t_pack, torch_topk_us=t_topk, exact=exact,
                 kernels_us={name.split("_kernel")[0]: us / CALLS for name, us in own.items()})
 
@@ -82,7 +84,7 @@ def bench_merge(logits, interleave, k=2048, per_kernel=False):
         saturated = sum(int((ws.sat[:rows] >> 47).ne(0).sum()) for ws in run.workspaces)
         kernels = {}
         if per_kernel:
-            with without_pdl():
+            with without_pdl(run.workspaces):
                 kernels = {name.split("_kernel")[0]: us / world
                            for name, us in kernel_times(graphed(run).replay).items()}
     finally:

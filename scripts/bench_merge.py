@@ -53,13 +53,13 @@ def graph_timed(fn, device: torch.device, iters: int) -> float:
     return graph_us(fn, iters, flush_l2=False, before=dist.barrier)
 
 
-def stage_times(fn) -> dict:
+def stage_times(fn, ws) -> dict:
     """Device microseconds per stage of one call of ``fn``, profiled over
     replays of a graph of GRAPH_CALLS calls: within a replay the ranks
     run in step, so the select's wait measures the peer's lag, not how far
     apart the two hosts launched."""
     stages: dict[str, float] = {}
-    with without_pdl():  # each kernel's own time
+    with without_pdl([ws]):  # each kernel's own time
         times = kernel_times(graphed(fn, GRAPH_CALLS).replay)
     for kernel, us in times.items():
         stage = STAGES.get(kernel, "other")
@@ -138,7 +138,7 @@ def main() -> None:
                 if device.type == "cuda":
                     row["merge_graph_us"][name] = graph_timed(merge, device, iters)
                     if name == "push":
-                        row["stages_us"] = stage_times(merge)
+                        row["stages_us"] = stage_times(merge, ws)
                         # The push alone, last: its flags run ahead of the merges this workspace no longer runs.
                         packed = nt.dcp_topk_pack(x, x_ends, local_topk=n, max_local_len=width)
                         row["exchange_graph_us"]["push"] = graph_timed(

@@ -72,17 +72,17 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
         publish = pack.Publish(epochs, ptrs, ptrs, pes, max_rows, 0, world_size, sat=sat, list_slots=list_slots,
                                library_peers=library_peers if list_slots else 0)
         yield from pack.pipeline(out, logits, ends, n=n, max_local_len=width, scratch=scratch, arrivals=arrivals,
-                                 publish=publish)
+                                 publish=publish, pdl=True)
     packed = torch.zeros(rows, fmt.packed_row_words(local_topk, planes), **i32)
     yield exchange.push_rows_launch(packed, epochs, ptrs, ptrs, pes, max_rows=max_rows, rank=0,
-                                    world_size=world_size, library_peers=library_peers)
+                                    world_size=world_size, library_peers=library_peers, pdl=True)
     table = torch.zeros(4, 8, **i32)
     kv = RowsOutput(torch.zeros(rows, **i32), table, 64, 64, torch.zeros(rows, topk, **i32), torch.zeros(rows, **i32))
     common = dict(num_rows=rows, ids=torch.zeros(rows, topk, **i32), rows=kv, sorted=False, sat=sat, status=status,
                   gather=torch.zeros(1, **i32), flags=torch.zeros(1, **i32), epochs=epochs,
                   ties=torch.zeros(rows, select.TIE_TILE, dtype=torch.int64), max_rows=max_rows,
                   rank=0, world_size=world_size, topk=topk, local_topk=local_topk, planes=planes,
-                  interleave=interleave, gid_bits=gid_bits, max_spins=1000)
+                  interleave=interleave, gid_bits=gid_bits, max_spins=1000, pdl=True)
     yield select.select_launch(**common)
     yield select.rescue_launch(**common, selected=torch.zeros(rows, select.rescue_keys(topk), dtype=torch.int64),
                                recv=torch.zeros(1, **i32), slots=slots)
@@ -91,7 +91,7 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
 def compile_one(launch, extern_libs=None) -> dict:
     start = time.perf_counter()
     options = {"num_warps": launch.num_warps} | ({"extern_libs": tuple(extern_libs.items())} if extern_libs else {})
-    constexprs = dict(launch.constexprs, PDL=True)  # as launched on a GPU (kernels/sync.py: uses_pdl)
+    constexprs = launch.constexprs
     names = [name for name in launch.kernel.arg_names if name not in constexprs]
     signature = dict(zip(names, (_signature(v) for v in launch.args))) | {name: "constexpr" for name in constexprs}
     attrs = {(i,) + path: [["tt.divisibility", 16]] for i, v in enumerate(launch.args) for path in _aligned(v)}

@@ -304,3 +304,14 @@ def test_simulated_ranks_that_disagree_on_settings_raise_naming_them():
     with pytest.raises(ValueError, match=r"topk \(rank 0: 64, rank 1: 128\)"):
         nt.init_dcp_topk_merge(group.ranks[1], max_rows=2, topk=128, max_local_len=300)
     group.destroy()
+
+
+def test_pdl_is_a_setting_on_by_default_only_on_gpus():
+    group = nt.SimulatedGroup(1)
+    assert nt.init_dcp_topk_merge(group.ranks[0], max_rows=1, topk=64, max_local_len=300).pdl is False
+    with pytest.raises(ValueError, match="pdl must be None, False, or True on a CUDA device; got True on cpu"):
+        nt.init_dcp_topk_merge(group.ranks[0], max_rows=1, topk=64, max_local_len=300, pdl=True)
+    logits, ends = torch.zeros(1, 300, dtype=torch.bfloat16), torch.full((1,), 300, dtype=torch.int32)
+    with pytest.raises(ValueError, match="pdl must be"):
+        nt.dcp_topk_pack(logits, ends, local_topk=32, max_local_len=300, pdl="yes")
+    group.destroy()
