@@ -673,12 +673,14 @@ def _select_listed(out_row, regions, listed, N: tl.constexpr, PLANES: tl.constex
 
 
 @triton.jit
-def _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, WORDS: tl.constexpr,
-             WORLD: tl.constexpr, LIST: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
+def _publish(out_ptr, offset, row, peers, rank, WORDS: tl.constexpr, WORLD: tl.constexpr, LIST: tl.constexpr,
+             LIBRARY_PEERS: tl.constexpr):
     """A finished row to every peer, then its flag raised there (WORLD > 0):
     round 1's into the gather buffers, a pushed list into the receive
-    slots. Without peers (the pack alone) nothing."""
+    slots. Without peers (the pack alone) nothing. ``peers``: as the
+    kernels take them."""
     if WORLD > 0:
+        _, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows = peers
         tl.debug_barrier()  # the whole row, plane bits included, is written before any thread reads it
         epoch = call_epoch(epochs_ptr, row)
         if LIST:
@@ -686,6 +688,15 @@ def _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, ma
                       LIBRARY_PEERS, 1024)
         else:
             push_row(out_ptr + offset, row, epoch, peer_ptrs, flag_ptrs, max_rows, rank, WORDS, WORLD, 1024)
+
+
+@triton.jit
+def _publish_when_last(out_ptr, offset, row, spans, peers, rank, WORDS: tl.constexpr, WORLD: tl.constexpr,
+                       LIST: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
+    """``_publish`` by the last of the row's ``spans`` programs to finish it."""
+    if WORLD > 0:
+        if last_to_arrive(peers[0] + row, spans):
+            _publish(out_ptr, offset, row, peers, rank, WORDS, WORLD, LIST, LIBRARY_PEERS)
 
 
 @triton.jit
@@ -699,7 +710,6 @@ def finish_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl
     (arrivals_ptr, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows),
     where finished rows go (``Publish``)."""
     logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
-    arrivals_ptr, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows = peers
     after_prior_kernel(PDL)
     words: tl.constexpr = N + PLANES * (N // 32)
     span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
@@ -713,8 +723,7 @@ def finish_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl
         if mode == LISTED:
             if span == 0:
                 _select_listed(out_ptr + offset, scratch + REGIONS_AT, listed, N, PLANES, BLOCKS_P2, REGION, TILE)
-                _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, words, WORLD,
-                         LIST, LIBRARY_PEERS)
+                _publish(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
         elif mode == EXACT:
             b = tl.arange(0, BLOCKS_P2)
             take = tl.minimum(tl.maximum(quota - (tl.cumsum(equal, axis=0) - equal), 0), equal)
@@ -725,10 +734,7 @@ def finish_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl
                 _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span, blocks, end, threshold, quota,
                             tl.sum(tl.where(before, kept, 0), axis=0), tl.sum(tl.where(before, equal, 0), axis=0),
                             kept, equal, True, N, PLANES, BLOCKS_P2, SPAN)
-            if WORLD > 0:
-                if last_to_arrive(arrivals_ptr + row, spans):
-                    _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, words,
-                             WORLD, LIST, LIBRARY_PEERS)
+            _publish_when_last(out_ptr, offset, row, spans, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
         else:
             _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, end, 0, 0, False,
                             SPAN)
@@ -790,7 +796,6 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANE
     """Radix rows: the threshold from the two byte histograms, each span's
     tokens above it and tied with it from its own, then its kept tokens."""
     logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
-    arrivals_ptr, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows = peers
     after_prior_kernel(PDL)
     words: tl.constexpr = N + PLANES * (N // 32)
     span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
@@ -817,10 +822,7 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANE
             _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span,
                         tl.cdiv(tl.maximum(width_limit, 1), BLOCK), _row_end(row_ends_ptr, row, width_limit),
                         high * 256 + low, quota, start, ties_before, digit, digit, False, N, PLANES, 256, SPAN)
-            if WORLD > 0:
-                if last_to_arrive(arrivals_ptr + row, spans):
-                    _publish(out_ptr, offset, row, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows, rank, words,
-                             WORLD, LIST, LIBRARY_PEERS)
+            _publish_when_last(out_ptr, offset, row, spans, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
 
 
 # ----------------------------------------------------------------- launcher

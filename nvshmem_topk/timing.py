@@ -94,10 +94,11 @@ def median_us(fn, device: torch.device, reps: int, *, calls: int = 1, flush_l2: 
             fn()
             samples.append((time.perf_counter() - start) * 1e6)
         return statistics.median(samples) / calls
-    flush = torch.empty(_L2_FLUSH_BYTES if flush_l2 else 0, dtype=torch.int8, device=device)
+    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device=device) if flush_l2 else None
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
-        flush.zero_()
+        if flush is not None:
+            flush.zero_()
         start.record()
         fn()
         end.record()
