@@ -102,6 +102,7 @@ class DcpTopkWorkspace:
         self.library_peers = group.library_peers
         self.pes = torch.tensor(group.pes, dtype=torch.int32, device=self.device)
         self.staging = group.alloc_symmetric((max_rows, self.row_words), torch.int32)
+        self.collect_dst = None
         if exchange == "fcollect":
             self.collect_dst = group.alloc_symmetric((w * max_rows * self.row_words,), torch.int32)
         if impl == "triton":  # the kernels' scratch, so that no merge allocates
@@ -145,8 +146,13 @@ class DcpTopkWorkspace:
             )
 
     def destroy(self) -> None:
-        """Release this workspace's buffers (the group frees symmetric memory
-        in its own ``destroy()``)."""
+        """Release this workspace: its symmetric memory back to the group
+        (collective: every rank destroys its workspaces in one order), its
+        other buffers to torch. A second call does nothing."""
+        if self.destroyed:
+            return
         self.destroyed = True
+        held = [t for t in (self.gather, self.recv, self.flags, self.staging, self.collect_dst) if t is not None]
         self.gather = self.recv = self.flags = self.staging = self.collect_dst = None
         _LIVE.pop(self.handle, None)
+        self.group.free_symmetric(held)

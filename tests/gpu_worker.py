@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import nvshmem_topk as nt
+from nvshmem_topk import format as fmt
 from nvshmem_topk.groups.nvshmem import NvshmemGroup, finalize_nvshmem, launcher_local_rank
 from nvshmem_topk.testing import families
 from oracle import assert_exact, oracle_topk
@@ -144,6 +145,36 @@ def compiled_mode(group, exchange):
     ws.destroy()
 
 
+def heap_mode(group, exchange, cycles=100):
+    """Build a workspace that holds over a third of the NVSHMEM heap, merge
+    once, destroy it; ``cycles`` times. Without destroy() returning the
+    memory the third build would fail; the device's free memory after the
+    last cycle is that after the first."""
+    world, rank, dev = group.world_size, group.rank, group.device
+    heap = int(os.environ["NVSHMEM_SYMMETRIC_SIZE"])
+    k, width = 256, 4096
+    words = fmt.packed_row_words(fmt.default_local_topk(k, world), fmt.num_planes(width))
+    max_rows = heap // 3 // (2 * world * words * 4) + 1  # the gather buffer alone: a third of the heap
+    logits = torch.randn(world, 2, width, generator=torch.Generator().manual_seed(5)).bfloat16()
+    ends = torch.full((world, 2), width, dtype=torch.int32)
+    want = oracle_topk(logits, ends, k)
+    free = []
+    for _ in range(cycles):
+        ws = nt.init_dcp_topk_merge(group, max_rows=max_rows, topk=k, max_local_len=width, exchange=exchange,
+                                    timeout_s=WAIT_S)
+        ids = torch.empty(2, k, dtype=torch.int32, device=dev)
+        nt.dcp_topk_merge(logits[rank].to(dev), ends[rank].to(dev), ids, workspace=ws)
+        assert_exact(gathered(ids), want)
+        ws.check()
+        ws.destroy()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # torch's cached blocks are not what is measured
+        free.append(torch.cuda.mem_get_info()[0])
+    grown = (free[0] - free[-1]) / 2**20
+    assert grown < 64, f"device memory in use grew by {grown:.0f} MiB over {cycles} cycles"
+    print(f"rank {rank} heap ok {cycles} cycles of {max_rows} rows, grew {grown:.1f} MiB", flush=True)
+
+
 def timeout_mode(group, exchange):
     """Rank 1 skips the second merge; the others raise within the bound."""
     rank, dev = group.rank, group.device
@@ -179,7 +210,7 @@ def main() -> None:
         nt.init_nvshmem(bootstrap)
     group = NvshmemGroup(device_library=device_library)
     modes = {"families": families_mode, "graph": graph_mode, "soak": soak_mode, "compiled": compiled_mode,
-             "timeout": timeout_mode}
+             "timeout": timeout_mode, "heap": heap_mode}
     modes[mode](group, exchange)
     if mode != "timeout":  # after a timeout the peers are out of step; leave without collectives
         group.destroy()

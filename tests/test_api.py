@@ -1,7 +1,9 @@
 """Per-rank API on the simulated group: stages, rows output, contract
 checker, and every validation error."""
 
+import gc
 import importlib.util
+import weakref
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import nvshmem_topk as nt
 from nvshmem_topk.testing import families
 from nvshmem_topk import format as fmt
 from nvshmem_topk import reference
+from nvshmem_topk.protocol import Outputs, run_merge
 from drive import drive
 from oracle import assert_exact, oracle_topk
 
@@ -100,6 +103,29 @@ def test_destroyed_workspace_is_refused():
     with pytest.raises(RuntimeError, match="destroyed"):
         nt.dcp_topk_merge(torch.zeros(1, 64).bfloat16(), torch.ones(1, dtype=torch.int32),
                           torch.empty(1, 32, dtype=torch.int32), workspace=ws)
+
+
+def test_destroyed_workspaces_return_their_symmetric_memory():
+    """Each rank's destroy() hands the workspace's symmetric tensors back to
+    the group, which lets them go once every rank has: 100 build/destroy
+    cycles leave nothing alive, and a later workspace still merges."""
+    group = nt.SimulatedGroup(2)
+    freed = []
+    for _ in range(100):
+        workspaces = [nt.init_dcp_topk_merge(g, max_rows=2, topk=64, max_local_len=300) for g in group.ranks]
+        freed += [weakref.ref(t) for ws in workspaces for t in (ws.gather.local, ws.recv.local, ws.flags.local)]
+        for ws in workspaces:
+            ws.destroy()
+        del workspaces
+    gc.collect()
+    assert sum(ref() is not None for ref in freed) == 0
+    logits = torch.randn(2, 2, 300, generator=torch.Generator().manual_seed(0)).bfloat16()
+    ends = torch.full((2, 2), 300, dtype=torch.int32)
+    workspaces = [nt.init_dcp_topk_merge(g, max_rows=2, topk=64, max_local_len=300) for g in group.ranks]
+    ids = torch.empty(2, 2, 64, dtype=torch.int32)
+    run_merge(workspaces, list(logits), list(ends), [Outputs(ids[r], None, False) for r in range(2)], 2)
+    assert_exact(ids, oracle_topk(logits, ends, 64))
+    group.destroy()
 
 
 # ------------------------------------------------------------ validation

@@ -23,9 +23,9 @@ WORLD = torch.cuda.device_count() if torch.cuda.is_available() else 0
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
-def _run(mode, exchange, timeout_s=400, world=WORLD, device_library="auto"):
+def _run(mode, exchange, timeout_s=400, world=WORLD, device_library="auto", env=None):
     results = run_ranks([str(TESTS / "gpu_worker.py"), mode, exchange, device_library], world, timeout_s,
-                        env=SAFE_ENV)
+                        env=SAFE_ENV | (env or {}))
     for r in results:
         assert r.returncode is not None, f"rank {r.rank} hung:\n{r.output}"
     return results
@@ -58,6 +58,13 @@ def test_graph_replays_exact_with_changing_inputs(exchange):
 def test_soak_ten_thousand_merges(device_library):
     for r in _run("soak", "push", device_library=device_library):
         assert r.returncode == 0 and f"rank {r.rank} soak ok 10000" in r.output, r.output
+
+
+def test_destroyed_workspaces_return_their_heap():
+    """100 build/merge/destroy cycles of a workspace that holds over a third
+    of a 512 MiB heap."""
+    for r in _run("heap", "push", env={"NVSHMEM_SYMMETRIC_SIZE": str(512 << 20)}):
+        assert r.returncode == 0 and f"rank {r.rank} heap ok 100" in r.output, r.output
 
 
 def test_compiled_merge_exact_on_gpus():

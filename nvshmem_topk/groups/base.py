@@ -64,6 +64,12 @@ class DcpGroup(Protocol):
         """Collective: every rank allocates the same shape, zero-filled."""
         ...
 
+    def free_symmetric(self, tensors: list[SymmetricTensor]) -> None:
+        """Collective: every rank frees the same allocations of this group
+        (a workspace's, when it is destroyed), after the work queued on
+        them; the group's other allocations stay."""
+        ...
+
     def all_gather(self, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:
         """Collective: ``[W, *tensor.shape]``, every rank's ``tensor``;
         ``TimeoutError`` when the ranks have not all joined in time."""
@@ -80,5 +86,5 @@ class DcpGroup(Protocol):
         ...
 
     def destroy(self) -> None:
-        """Free every symmetric allocation of this group."""
+        """Free every symmetric allocation of this group still held."""
         ...

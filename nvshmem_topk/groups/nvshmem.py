@@ -186,7 +186,7 @@ class NvshmemGroup:
         self._rank = members.index(core.my_pe())
         self._device = torch.device("cuda", torch.cuda.current_device())
         self._team = core.Teams.TEAM_WORLD if len(members) == pes else self._split_team(members, pes)
-        self._tensors: list[torch.Tensor] = []
+        self._tensors: list[tuple[torch.Tensor, torch.Tensor]] = []  # (this rank's view, its allocation)
         self._library_peers = self._find_library_peers(device_library)
 
     def _split_team(self, members: list[int], pes: int):
@@ -214,7 +214,7 @@ class NvshmemGroup:
         without an address (by a probe allocation), or all others."""
         # Collective over the job like every allocation, so made in every mode.
         probe = self._core.tensor((1,), dtype=torch.int32)
-        self._tensors.append(probe)
+        self._tensors.append((probe, probe))
         others = [q for q in range(self.world_size) if q != self._rank]
         if mode == "always":
             return sum(1 << q for q in others)
@@ -259,8 +259,8 @@ class NvshmemGroup:
         for size in shape:
             count *= size
         heap = core.tensor((max(1, count),), dtype=dtype)  # NVSHMEM refuses 0 bytes (W = 1 has no rescue slots)
-        self._tensors.append(heap)
         local = heap[:count].view(shape)
+        self._tensors.append((local, heap))
         local.zero_()
         core.barrier_all(stream=_stream())
         peers, addresses = [], []
@@ -274,6 +274,27 @@ class NvshmemGroup:
                 addresses.append(peers[-1].data_ptr())
         ptrs = torch.tensor(addresses, dtype=torch.int64, device=self._device)
         return SymmetricTensor(local, tuple(peers), ptrs)
+
+    def _quiesce(self) -> None:
+        """Every rank's queued work done, so that no peer still reads or
+        writes what is about to be freed."""
+        torch.cuda.synchronize()
+        self._core.barrier_all(stream=_stream())
+        torch.cuda.synchronize()
+
+    def _free(self, locals_: list[torch.Tensor]) -> None:
+        """NVSHMEM frees, newest first: collective, so in one order on every rank."""
+        for local, heap in reversed(self._tensors):
+            if any(local is t for t in locals_):
+                self._core.free_tensor(heap)
+        self._tensors = [(local, heap) for local, heap in self._tensors if not any(local is t for t in locals_)]
+
+    def free_symmetric(self, tensors: list[SymmetricTensor]) -> None:
+        held = [local for local, _ in self._tensors]
+        if not all(any(t.local is local for local in held) for t in tensors):
+            raise ValueError("free_symmetric: an allocation this group does not hold")
+        self._quiesce()
+        self._free([t.local for t in tensors])
 
     @property
     def exchanges(self) -> tuple[str, ...]:
@@ -317,11 +338,8 @@ class NvshmemGroup:
     def destroy(self) -> None:
         """Free this group's symmetric memory (newest first) and its team.
         Collective; call after the last merge and before finalize_nvshmem."""
-        torch.cuda.synchronize()
-        self._core.barrier_all(stream=_stream())
-        torch.cuda.synchronize()
-        while self._tensors:
-            self._core.free_tensor(self._tensors.pop())
+        self._quiesce()
+        self._free([local for local, _ in self._tensors])
         if self._team is not None and self._team != self._core.Teams.TEAM_WORLD:
             self._core.team_destroy(self._team)
         self._team = None

@@ -73,6 +73,7 @@ class ShmGroup:
         self._job = token[0]
         self._mappings: list[list[mmap.mmap]] = []
         self._tensors: list[SymmetricTensor] = []
+        self._allocated = 0
 
     @classmethod
     def from_env(cls, timeout_s: float = 60.0) -> "ShmGroup":
@@ -98,7 +99,8 @@ class ShmGroup:
         return torch.device("cpu")
 
     def alloc_symmetric(self, shape: tuple[int, ...], dtype: torch.dtype) -> SymmetricTensor:
-        index = len(self._mappings)
+        index = self._allocated  # never reused: a rank may still be unlinking an earlier name
+        self._allocated += 1
         count = 1
         for s in shape:
             count *= s
@@ -121,6 +123,16 @@ class ShmGroup:
         tensor = SymmetricTensor(views[self._rank], views, ptrs)
         self._tensors.append(tensor)
         return tensor
+
+    def free_symmetric(self, tensors: list[SymmetricTensor]) -> None:
+        """Drops this process's mappings of them: each segment is unmapped
+        once the last view of it is gone, here and on every rank (the names
+        are long gone), so no barrier is needed."""
+        keep = [i for i, t in enumerate(self._tensors) if not any(t is f for f in tensors)]
+        if len(self._tensors) - len(keep) != len(tensors):
+            raise ValueError("free_symmetric: an allocation this group does not hold")
+        self._tensors = [self._tensors[i] for i in keep]
+        self._mappings = [self._mappings[i] for i in keep]
 
     def all_gather(self, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:
         """[W, *tensor.shape]: every rank's ``tensor`` (gloo); raises

@@ -23,7 +23,8 @@ class SimulatedGroup:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
-        self._allocations: list[list[torch.Tensor]] = []
+        self._allocations: list[list[torch.Tensor] | None] = []  # None once every rank freed it
+        self._frees: list[int] = []
         self._settings: list[list[tuple]] = []  # per workspace built, each rank's settings so far
         self.ranks = tuple(SimulatedRank(self, r) for r in range(world_size))
 
@@ -32,6 +33,7 @@ class SimulatedGroup:
             self._allocations.append(
                 [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(self.world_size)]
             )
+            self._frees.append(0)
         tensors = self._allocations[index]
         if tensors[0].shape != torch.Size(shape) or tensors[0].dtype != dtype:
             raise ValueError(
@@ -46,8 +48,17 @@ class SimulatedGroup:
         self._settings[index].append(settings)
         return list(self._settings[index])
 
+    def _free(self, tensor: torch.Tensor, rank: int) -> None:
+        index = next((i for i, ts in enumerate(self._allocations) if ts is not None and ts[rank] is tensor), None)
+        if index is None:
+            raise ValueError("free_symmetric: an allocation this group does not hold")
+        self._frees[index] += 1
+        if self._frees[index] == self.world_size:  # the last rank to free it
+            self._allocations[index] = None
+
     def destroy(self) -> None:
         self._allocations.clear()
+        self._frees.clear()
 
 
 class SimulatedRank:
@@ -86,6 +97,11 @@ class SimulatedRank:
         self._next_allocation += 1
         ptrs = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=self.device)
         return SymmetricTensor(tensors[self._rank], tuple(tensors), ptrs)
+
+    def free_symmetric(self, tensors: list[SymmetricTensor]) -> None:
+        """Each allocation goes once every virtual rank has freed it."""
+        for tensor in tensors:
+            self._owner._free(tensor.local, self._rank)
 
     def all_gather(self, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:
         raise ValueError(
