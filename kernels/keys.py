@@ -221,17 +221,18 @@ def flat_positions(flags):
 
 
 @triton.jit
-def emit_selected(keys, kappa, count, row, outputs, rank, TOPK: tl.constexpr, WORLD: tl.constexpr,
+def emit_selected(keys, kappa, count, row, outputs, sizes, rank, TOPK: tl.constexpr, WORLD: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
                   EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr):
     """Write the keys >= kappa (a 2-D [ranks, slots] tensor in candidate
     order; ``count`` of them, known to the caller) as ids and/or this rank's
     physical rows of ``row``: compacted in candidate order (or by descending
     key when SORTED), -1 after. ``outputs``: (ids_ptr, rows_ptr, valid_ptr,
-    req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size,
-    stride_rows, rows_stride), as ``select.output_args`` builds it."""
-    (ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr, table_stride, num_reqs, num_blocks, block_size, stride_rows,
-     rows_stride) = outputs
+    req_ptr, table_ptr); ``sizes``: (table_stride, num_reqs, num_blocks,
+    block_size, stride_rows, rows_stride), as ``select.output_args`` builds
+    them."""
+    ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr = outputs
+    table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride = sizes
     chosen = (keys >= kappa) & (keys != 0)
     if SORTED:
         flat = tl.sort(tl.reshape(tl.where(chosen, keys, 0), (keys.shape[0] * keys.shape[1],)),

@@ -133,6 +133,16 @@ def plan(n: int, max_local_len: int) -> Plan:
     return Plan(n=n, tile=tile, groups=groups, blocks_p2=blocks_p2)
 
 
+SHORT_ROWS = 16384  # rows up to this many tokens get a plan of their own (a smaller tile)
+
+
+def plan_for(n: int, width: int, max_local_len: int) -> Plan:
+    """The plan of a call whose rows are ``width`` tokens wide, one of two a
+    workspace compiles: rows up to SHORT_ROWS tokens and longer ones, each
+    planned for the widest row of its class."""
+    return plan(n, min(SHORT_ROWS, max_local_len) if width <= SHORT_ROWS else max_local_len)
+
+
 # ------------------------------------------------------------------ scores
 
 
@@ -339,13 +349,14 @@ def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
     return probe, floor
 
 
-@triton.jit
-def estimate_kernel(out_ptr, scratch_ptr, rows, N: tl.constexpr, WORDS: tl.constexpr, SLOTS: tl.constexpr,
+@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
+def estimate_kernel(out_ptr, scratch_ptr, rows, width_limit, N: tl.constexpr, WORDS: tl.constexpr, SLOTS: tl.constexpr,
                     LIST: tl.constexpr, GROUPS: tl.constexpr, ROOM: tl.constexpr, PDL: tl.constexpr):
     """The row's floor and probe into its scratch; its output row zeroed.
-    ``rows``: (logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit,
-    scratch_stride, rank), the same in every kernel of the pipeline."""
-    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
+    ``rows``: (logits_ptr, row_ends_ptr, sat_ptr, logits_stride,
+    scratch_stride, rank) and ``width_limit`` (the call's width, at most
+    max_local_len), the same in every kernel of the pipeline."""
+    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     active, offset = _target(row, sat_ptr, rank, WORDS, SLOTS, LIST)
@@ -436,15 +447,17 @@ HALF = tl.constexpr(BLOCK.value // 2)  # tokens a filter program filters at once
 def _half_pairs(row_ptr, block, half, end):
     """(int32 pairs of tokens, their word ids) of half a block of a bf16
     row, as [HALF / 8, 4]: a thread loads 4 words (8 adjacent tokens) at
-    once; NaN past the end (a pair's odd token when the end is odd). Needs
-    an even row stride and width and a 4-byte aligned base."""
+    once; NaN past the end. A row that ends inside a pair has its last
+    token read alone, so that nothing past it is read. Needs an even row
+    stride and a 4-byte aligned base."""
     w = block * (BLOCK // 2) + half * (HALF // 2) + tl.arange(0, HALF // 8)[:, None] * 4 + tl.arange(0, 4)[None, :]
     ptrs = row_ptr.to(tl.pointer_type(tl.int32)) + w
     if (block + 1) * BLOCK <= end:
         pair = tl.load(ptrs)
     else:
-        pair = tl.load(ptrs, mask=2 * w < end, other=0x7FC07FC0)
-        pair = tl.where(2 * w + 1 < end, pair, (pair & 0xFFFF) | 0x7FC00000)
+        pair = tl.load(ptrs, mask=2 * w + 1 < end, other=0x7FC07FC0)
+        lone = tl.load(row_ptr + 2 * w, mask=2 * w + 1 == end, other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
+        pair = tl.where(2 * w + 1 == end, (lone & 0xFFFF) | 0x7FC00000, pair)
     return pair, w
 
 
@@ -504,14 +517,14 @@ def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.co
     tl.store(counts + 3, second >> 16)
 
 
-@triton.jit
-def filter_kernel(scratch_ptr, rows, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr,
+@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
+def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr,
                   PAIRS: tl.constexpr, PDL: tl.constexpr):
     """One read of the block: its counts and its candidates' words, in
     order, to its region (the first REGION of them: a block with more has
     more candidates than any row that is settled from them). PAIRS: bf16
     rows read two tokens a word (``_filter_pairs``)."""
-    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
+    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
@@ -699,8 +712,8 @@ def _publish_when_last(out_ptr, offset, row, spans, peers, rank, WORDS: tl.const
             _publish(out_ptr, offset, row, peers, rank, WORDS, WORLD, LIST, LIBRARY_PEERS)
 
 
-@triton.jit
-def finish_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
+@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
+def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
                   LIST: tl.constexpr, REGION: tl.constexpr, BLOCKS_P2: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
                   REGIONS_AT: tl.constexpr, TILE: tl.constexpr, SPAN: tl.constexpr, WORLD: tl.constexpr,
                   LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
@@ -709,7 +722,7 @@ def finish_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl
     span histograms its high bytes for the radix steps. ``peers``:
     (arrivals_ptr, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows),
     where finished rows go (``Publish``)."""
-    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
+    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     words: tl.constexpr = N + PLANES * (N // 32)
     span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
@@ -770,12 +783,12 @@ def _summed(histograms, spans, AT: tl.constexpr):
     return total
 
 
-@triton.jit
-def radix_low_kernel(scratch_ptr, rows, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
+@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
+def radix_low_kernel(scratch_ptr, rows, width_limit, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
                      SPAN: tl.constexpr, PDL: tl.constexpr):
     """Radix rows: the boundary bucket of the high byte over the row, then
     the span's histogram of the low byte inside it."""
-    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
+    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     span = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -789,13 +802,13 @@ def radix_low_kernel(scratch_ptr, rows, N: tl.constexpr, LIST: tl.constexpr, HIS
                             256, True, SPAN)
 
 
-@triton.jit
-def radix_write_kernel(out_ptr, scratch_ptr, rows, peers, N: tl.constexpr, PLANES: tl.constexpr,
+@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
+def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
                        SLOTS: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr,
                        WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Radix rows: the threshold from the two byte histograms, each span's
     tokens above it and tied with it from its own, then its kept tokens."""
-    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, width_limit, scratch_stride, rank = rows
+    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     words: tl.constexpr = N + PLANES * (N // 32)
     span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
@@ -860,31 +873,29 @@ def pipeline(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arri
     if rows == 0:
         return []
     limit = min(width, max_local_len)
-    p = plan(n, min(triton.next_power_of_2(max(limit, 1)), max_local_len))
+    p = plan_for(n, limit, max_local_len)
     blocks = triton.cdiv(max(limit, 1), BLOCK.value)
     spans = triton.cdiv(blocks, p.span)
     words = out.shape[-1]
     pub = publish or Publish(row_ends, row_ends, row_ends, row_ends, 0, 0, 0)  # no peers: never read (WORLD = 0)
     listing = pub.list_slots > 0
-    rows_arg = (logits, row_ends, pub.sat if listing else row_ends, logits.stride(0), limit, scratch.stride(0),
-                pub.rank)
+    rows_arg = (logits, row_ends, pub.sat if listing else row_ends, logits.stride(0), scratch.stride(0), pub.rank)
     peers_arg = (arrivals, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, pub.max_rows)
     target = dict(N=n, PLANES=_planes(words, n), SLOTS=max(pub.list_slots, 1), LIST=listing, PDL=pdl)
     peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers)
-    pairs = (logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0 and width % 2 == 0
-             and logits.data_ptr() % 4 == 0)
+    pairs = logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0 and logits.data_ptr() % 4 == 0
     return [
-        Launch(estimate_kernel, (rows,), (out, scratch, rows_arg),
+        Launch(estimate_kernel, (rows,), (out, scratch, rows_arg, limit),
                dict(N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing, GROUPS=p.groups, ROOM=p.room, PDL=pdl),
                ESTIMATE_WARPS),
-        Launch(filter_kernel, (blocks, rows), (scratch, rows_arg),
+        Launch(filter_kernel, (blocks, rows), (scratch, rows_arg, limit),
                dict(REGION=p.region, REGIONS_AT=p.regions_at, LIST=listing, PAIRS=pairs, PDL=pdl), FILTER_WARPS),
-        Launch(finish_kernel, (spans, rows), (out, scratch, rows_arg, peers_arg),
+        Launch(finish_kernel, (spans, rows), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, HISTOGRAMS_AT=p.histograms_at,
                     REGIONS_AT=p.regions_at, TILE=p.tile, SPAN=p.span, **peers), max(SPAN_WARPS, p.tile // 256)),
-        Launch(radix_low_kernel, (spans, rows), (scratch, rows_arg),
+        Launch(radix_low_kernel, (spans, rows), (scratch, rows_arg, limit),
                dict(N=n, LIST=listing, HISTOGRAMS_AT=p.histograms_at, SPAN=p.span, PDL=pdl), SPAN_WARPS),
-        Launch(radix_write_kernel, (spans, rows), (out, scratch, rows_arg, peers_arg),
+        Launch(radix_write_kernel, (spans, rows), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, HISTOGRAMS_AT=p.histograms_at, SPAN=p.span, **peers), SPAN_WARPS),
     ]
 
@@ -922,7 +933,7 @@ def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, push: Pu
                  arrivals=arrivals, publish=push, pdl=pdl)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
 def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_ends_ptr, logits_stride, idx_stride,
                         width_limit, N: tl.constexpr, PLANES: tl.constexpr, GROUPS: tl.constexpr,
                         PDL: tl.constexpr):

@@ -35,12 +35,20 @@ def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr,
     return ok
 
 
-@triton.jit
-def select_kernel(outputs, waits, sat_ptr, ties_ptr, gather_ptr, epochs_ptr, max_rows, rank,
+# The sizes of the rows output are kernel arguments of their own, never
+# specialised on (a block table's shape changes with the batch), so that no
+# batch compiles a variant of its own; Triton specialises inside tuples.
+OUTPUT_SIZES = ["table_stride", "num_reqs", "num_blocks", "block_size", "stride_rows", "rows_stride"]
+
+
+@triton.jit(do_not_specialize=OUTPUT_SIZES)
+def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, waits, sat_ptr,
+                  ties_ptr, gather_ptr, epochs_ptr, max_rows, rank,
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
                   WORLD_P2: tl.constexpr, N_P2: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr,
                   EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
-    """``outputs``: as ``emit_selected`` takes them; ``waits``: (flags_ptr,
+    """``outputs`` and the sizes after it: as ``output_args`` builds them;
+    ``waits``: (flags_ptr,
     status_ptr, max_spins), the bounded wait's flags and record."""
     after_prior_kernel(PDL)
     flags_ptr, status_ptr, max_spins = waits
@@ -55,7 +63,8 @@ def select_kernel(outputs, waits, sat_ptr, ties_ptr, gather_ptr, epochs_ptr, max
         keys = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N), N, PLANES, WORLD,
                            INTERLEAVE, GID_BITS)
         kappa, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
-        emit_selected(keys, kappa, selected, row, outputs, rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
+        emit_selected(keys, kappa, selected, row, outputs,
+                      (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride), rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
                       EMIT_ROWS, SORTED)
         # Saturated: all N words sent and the smallest >= kappa, that is all
         # N selected (empty slots and those past N never are): a count that
@@ -112,8 +121,9 @@ def _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_p
     return count
 
 
-@triton.jit
-def rescue_kernel(outputs, waits, sat_ptr, selected_ptr, ties_ptr, gather_ptr, epochs_ptr, recv_ptr, max_rows, rank,
+@triton.jit(do_not_specialize=OUTPUT_SIZES)
+def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, waits, sat_ptr,
+                  selected_ptr, ties_ptr, gather_ptr, epochs_ptr, recv_ptr, max_rows, rank,
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
                   WORLD: tl.constexpr, WORLD_P2: tl.constexpr, KEYS: tl.constexpr, TILE: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
@@ -159,7 +169,8 @@ def rescue_kernel(outputs, waits, sat_ptr, selected_ptr, ties_ptr, gather_ptr, e
                 slot = tl.arange(0, KEYS)
                 keys = tl.load(selected_row + slot, mask=slot < selected, other=0)[None, :]
                 kth = tl.full((), 1, tl.int64)  # every key left is selected
-            emit_selected(keys, kth, selected, row, outputs, rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
+            emit_selected(keys, kth, selected, row, outputs,
+                          (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride), rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
                           EMIT_ROWS, SORTED)
     if ok:
         tl.store(epochs_ptr + row, epoch)
@@ -193,13 +204,13 @@ def _p2(n: int) -> int:
 
 
 def output_args(ids, rows, fallback) -> tuple:
-    """``emit_selected``'s outputs: pointers and scalars of the optional
-    outputs (unused ones point at ``fallback`` and are never touched:
-    EMIT_* are compile-time)."""
+    """The select's and rescue's first arguments: the optional outputs'
+    pointers (unused ones point at ``fallback`` and are never touched:
+    EMIT_* are compile-time), then the rows output's OUTPUT_SIZES."""
     if rows is None:
-        return (ids if ids is not None else fallback, fallback, fallback, fallback, fallback, 0, 0, 0, 1, 1, 0)
+        return (ids if ids is not None else fallback, fallback, fallback, fallback, fallback), 0, 0, 0, 1, 1, 0
     table = rows.block_table
-    return (ids if ids is not None else fallback, rows.rows_out, rows.valid_out, rows.req_id, table,
+    return ((ids if ids is not None else fallback, rows.rows_out, rows.valid_out, rows.req_id, table),
             table.stride(0), table.shape[0], table.shape[1], rows.block_size, rows.stride_rows,
             rows.rows_out.stride(0))
 
@@ -213,7 +224,7 @@ def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
     state (a saturated rank's pushed list is built afterwards, by
     ``pack.select_local``). ties: int64 [>= T, TIE_TILE] scratch."""
     return Launch(select_kernel, (num_rows,),
-                  (output_args(ids, rows, epochs), (flags, status, max_spins), sat, ties, gather, epochs, max_rows,
+                  (*output_args(ids, rows, epochs), (flags, status, max_spins), sat, ties, gather, epochs, max_rows,
                    rank),
                   dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=_p2(world_size),
                        N_P2=_p2(local_topk), INTERLEAVE=interleave, GID_BITS=gid_bits, EMIT_IDS=ids is not None,
@@ -236,7 +247,7 @@ def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
     [>= T, rescue_keys(K)] scratch."""
     keys = rescue_keys(topk)
     return Launch(rescue_kernel, (num_rows,),
-                  (output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
+                  (*output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
                    recv, max_rows, rank),
                   dict(TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(slots, 1), WORLD=world_size,
                        WORLD_P2=_p2(world_size), KEYS=keys, TILE=RESCUE_TILE, INTERLEAVE=interleave,

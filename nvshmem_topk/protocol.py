@@ -100,6 +100,11 @@ class ReferenceBackend:
     """The protocol in eager torch (host-side bounded waits; syncs freely)."""
 
     @staticmethod
+    def compiled_widths(max_local_len: int) -> tuple[int, ...]:
+        """Row widths whose merges compile every variant: none to compile."""
+        return (max_local_len,)
+
+    @staticmethod
     def pack(logits, row_ends, out, *, local_topk, max_local_len, pdl=False):  # pdl: no kernels here
         out.copy_(reference.pack(logits, row_ends, local_topk, max_local_len))
 
@@ -191,6 +196,14 @@ SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 2_000}
 class TritonBackend:
     """The protocol in Triton kernels: no host synchronisation, peers reached
     through the workspace's address tables."""
+
+    @staticmethod
+    def compiled_widths(max_local_len: int) -> tuple[int, ...]:
+        """Row widths whose merges compile every pack variant: the widest
+        row of each of the pack's width classes."""
+        from .kernels import pack
+
+        return tuple(dict.fromkeys((min(pack.SHORT_ROWS, max_local_len), max_local_len)))
 
     @staticmethod
     def pack(logits, row_ends, out, *, local_topk, max_local_len, pdl=False):

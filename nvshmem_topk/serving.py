@@ -5,7 +5,7 @@ flight, and a warm-up to run before CUDA-graph capture.
     # model construction, on every rank of the DCP group
     indexer = DcpTopkIndexer(group, max_rows=256, topk=2048, max_local_len=131072,
                              micro_batches=2)
-    indexer.warmup()                       # compiles the kernels; before capture
+    indexer.warmup()                       # compiles every kernel variant; before capture
     # every layer, every decode step
     indexer.dcp_topk_merge(logits, row_ends, topk_indices, micro_batch=ub)
     # shutdown
@@ -18,6 +18,7 @@ import torch
 
 from . import api
 from .groups.base import DcpGroup
+from .protocol import backend
 
 
 class DcpTopkIndexer:
@@ -64,36 +65,42 @@ class DcpTopkIndexer:
                             block_table: torch.Tensor, block_size: int, stride_rows: int,
                             rows_out: torch.Tensor, valid_out: torch.Tensor,
                             ids_out: torch.Tensor | None = None, packed: torch.Tensor | None = None,
-                            local_topk: int | None = None, micro_batch: int = 0) -> None:
+                            local_topk: int | None = None, micro_batch: int = 0, sorted: bool = False) -> None:
         """This rank's physical KV rows of the merge (see ``RowsOutput``)."""
         api.dcp_topk_merge_rows(logits=logits, row_ends=row_ends,
                                 workspace=self._workspace(micro_batch, local_topk), req_id=req_id,
                                 block_table=block_table, block_size=block_size, stride_rows=stride_rows,
-                                rows_out=rows_out, valid_out=valid_out, ids_out=ids_out, packed=packed)
+                                rows_out=rows_out, valid_out=valid_out, ids_out=ids_out, packed=packed,
+                                sorted=sorted)
 
-    def warmup(self, *, rows: bool = False, sorted: bool = False) -> None:
-        """Merges of ``max_rows`` rows and of one row on every workspace, so
-        the kernels the engine will launch (the pack splits rows over
-        programs when they are few) are compiled before graph capture.
-        Collective; ``rows``/``sorted`` pick the output variants the engine
-        uses."""
+    def warmup(self, *, rows: bool | None = None, sorted: bool | None = None) -> None:
+        """Compiles every kernel variant the indexer can launch, before graph
+        capture: a merge on every workspace for each of the pack's width
+        classes and each output form (``rows``: physical rows or ids,
+        ``sorted``; None: both). Nothing else is a compile-time fact: any
+        row width up to max_local_len and any batch size up to max_rows
+        then run without compiling, for bf16 logits whose rows lie at a
+        stride of a multiple of 16 elements (as engines allocate them;
+        another stride or dtype compiles at its first merge). Collective."""
         device = self.group.device
-        width = min(self.max_local_len, 16384)
-        for num_rows in dict.fromkeys((self.max_rows, 1)):  # both, once each
-            logits = torch.zeros((num_rows, width), dtype=torch.bfloat16, device=device)
+        forms = [(r, s) for r in (False, True) if rows in (None, r) for s in (False, True) if sorted in (None, s)]
+        num_rows = self.max_rows
+        for width in backend(self.workspaces[0].impl).compiled_widths(self.max_local_len):
+            stride = -(-width // 16) * 16
+            logits = torch.zeros((num_rows, stride), dtype=torch.bfloat16, device=device)[:, :width]
             row_ends = torch.full((num_rows,), width, dtype=torch.int32, device=device)
             ids = torch.empty((num_rows, self.topk), dtype=torch.int32, device=device)
-            for ws in self.workspaces:
-                if rows:
+            for (emit_rows, by_key), ws in ((form, ws) for form in forms for ws in self.workspaces):
+                if emit_rows:
                     api.dcp_topk_merge_rows(
                         logits=logits, row_ends=row_ends, workspace=ws,
                         req_id=torch.zeros((num_rows,), dtype=torch.int32, device=device),
                         block_table=torch.zeros((1, 1), dtype=torch.int32, device=device), block_size=1,
                         stride_rows=1, rows_out=torch.empty_like(ids),
                         valid_out=torch.empty((num_rows,), dtype=torch.int32, device=device),
-                        ids_out=ids, sorted=sorted)
+                        ids_out=ids, sorted=by_key)
                 else:
-                    api.dcp_topk_merge(logits, row_ends, ids, workspace=ws, sorted=sorted)
+                    api.dcp_topk_merge(logits, row_ends, ids, workspace=ws, sorted=by_key)
 
     def destroy(self) -> None:
         for ws in self.workspaces:

@@ -1,0 +1,111 @@
+"""An engine's decode path on one GPU: nothing compiles after the indexer's
+warm-up, whatever the row widths and batch sizes, and graphs captured per
+batch size on two micro-batches replay exact with changing inputs."""
+
+import time
+
+import pytest
+import torch
+
+from oracle import assert_exact, oracle_topk
+
+pytestmark = pytest.mark.gpu
+
+WIDTH, ROWS, TOPK = 20000, 16, 256  # rows on both sides of the pack's short-row bound (16384)
+
+
+def _indexer(micro_batches: int, max_rows: int = ROWS, width: int = WIDTH):
+    import nvshmem_topk as nt
+
+    # One rank whose N is K: it is saturated on every row, so the pushed list and the rescue run too.
+    return nt.DcpTopkIndexer(nt.SimulatedGroup(1, "cuda").ranks[0], max_rows=max_rows, topk=TOPK, local_topk=TOPK,
+                             max_local_len=width, micro_batches=micro_batches)
+
+
+def _variants() -> dict[str, set]:
+    """The compiled variants of every kernel of the package, by kernel: the
+    keys of Triton's in-process cache (one per specialisation, whether
+    compiled here or loaded from Triton's disk cache)."""
+    import triton
+
+    from nvshmem_topk.kernels import exchange, pack, select
+
+    kernels = {v for m in (exchange, pack, select) for v in vars(m).values() if isinstance(v, triton.JITFunction)}
+    return {k.__name__: {key for caches in k.device_caches.values() for key in caches[0]} for k in kernels}
+
+
+def _merge(indexer, logits, ends, form: int, micro_batch: int = 0) -> torch.Tensor:
+    """ids of one merge, in one of the four output forms (ids or rows,
+    unsorted or sorted); rows are asked with ids beside them."""
+    rows = logits.shape[0]
+    ids = torch.empty(rows, TOPK, dtype=torch.int32, device="cuda")
+    if form < 2:
+        indexer.dcp_topk_merge(logits, ends, ids, micro_batch=micro_batch, sorted=form == 1)
+    else:
+        table = torch.arange(WIDTH // 16 + 1, dtype=torch.int32, device="cuda")[None]
+        indexer.dcp_topk_merge_rows(logits=logits, row_ends=ends, req_id=torch.zeros(rows, dtype=torch.int32,
+                                                                                   device="cuda"),
+                                    block_table=table, block_size=16, stride_rows=16,
+                                    rows_out=torch.empty_like(ids), valid_out=torch.empty(rows, dtype=torch.int32,
+                                                                                          device="cuda"),
+                                    ids_out=ids, micro_batch=micro_batch, sorted=form == 3)
+    return ids
+
+
+def test_nothing_compiles_after_warmup_at_any_width_or_batch_size():
+    indexer = _indexer(micro_batches=2)
+    start = time.monotonic()
+    indexer.warmup()
+    torch.cuda.synchronize()
+    warm_s, compiled = time.monotonic() - start, _variants()
+    print(f"warmup {warm_s:.1f} s, {sum(map(len, compiled.values()))} variants")
+    gen = torch.Generator().manual_seed(0)
+    buffer = torch.randn(ROWS, WIDTH, generator=gen).bfloat16().cuda()  # a stride of a multiple of 16 elements
+    widths = [*range(1, 300), *range(300, WIDTH + 1, 97), 16383, 16384, 16385, WIDTH - 1, WIDTH]
+    for i, width in enumerate(widths):
+        rows = 1 + i % ROWS
+        logits = buffer[:rows, :width]
+        ends = torch.randint(0, width + 1, (rows,), generator=gen, dtype=torch.int32)
+        ids = _merge(indexer, logits, ends.cuda(), form=i % 4, micro_batch=i % 2)
+        if i % 8 == 0 or width > 16000:
+            assert_exact(ids.cpu()[None], oracle_topk(logits.cpu()[None], ends[None], TOPK),
+                         ordered=i % 4 in (1, 3), context=f"width {width}, {rows} rows")
+    new = {name: keys - compiled[name] for name, keys in _variants().items() if keys - compiled[name]}
+    assert not new, f"merges compiled variants after warmup(): {new}; warmup compiled {compiled}"
+    indexer.workspaces[0].check()
+    indexer.destroy()
+
+
+def test_graphs_per_batch_size_replay_exact_on_two_micro_batches():
+    """Graphs captured as engines capture them (T = 1, 2, 4, ... 256 on one
+    workspace, and on a second micro-batch's), replayed interleaved with
+    new scores and row lengths every time."""
+    max_rows, width = 256, 4096
+    indexer = _indexer(micro_batches=2, max_rows=max_rows, width=width)
+    indexer.warmup(rows=False)
+    sizes = [1 << i for i in range(9)]
+    inputs, graphs = {}, {}
+    for micro_batch in range(2):
+        for rows in sizes:
+            x = torch.zeros(rows, width, dtype=torch.bfloat16, device="cuda")
+            ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+            ids = torch.empty(rows, TOPK, dtype=torch.int32, device="cuda")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                indexer.dcp_topk_merge(x, ends, ids, micro_batch=micro_batch)
+            inputs[micro_batch, rows], graphs[micro_batch, rows] = (x, ends, ids), graph
+    gen = torch.Generator().manual_seed(1)
+    for step in range(60):
+        micro_batch, rows = step % 2, sizes[(step * 5) % len(sizes)]
+        x, ends, ids = inputs[micro_batch, rows]
+        logits = torch.randn(rows, width, generator=gen).bfloat16()
+        logits[: rows // 2, : step * 7] = 3.0  # ties at the top of some rows
+        lengths = torch.randint(0, width + 1, (rows,), generator=gen, dtype=torch.int32)
+        x.copy_(logits)
+        ends.copy_(lengths)
+        graphs[micro_batch, rows].replay()
+        assert_exact(ids.cpu()[None], oracle_topk(logits[None], lengths[None], TOPK),
+                     context=f"step {step}, micro-batch {micro_batch}, {rows} rows")
+    for ws in indexer.workspaces:
+        ws.check()
+    indexer.destroy()
