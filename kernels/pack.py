@@ -143,6 +143,11 @@ def plan_for(n: int, width: int, max_local_len: int) -> Plan:
     return plan(n, min(SHORT_ROWS, max_local_len) if width <= SHORT_ROWS else max_local_len)
 
 
+# Kernels that take the call's row width never specialise on it (Triton
+# would on its divisibility), so that one variant serves every width.
+_any_width = triton.jit(do_not_specialize=["width_limit"])
+
+
 # ------------------------------------------------------------------ scores
 
 
@@ -349,7 +354,7 @@ def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
     return probe, floor
 
 
-@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
+@_any_width
 def estimate_kernel(out_ptr, scratch_ptr, rows, width_limit, N: tl.constexpr, WORDS: tl.constexpr, SLOTS: tl.constexpr,
                     LIST: tl.constexpr, GROUPS: tl.constexpr, ROOM: tl.constexpr, PDL: tl.constexpr):
     """The row's floor and probe into its scratch; its output row zeroed.
@@ -517,7 +522,7 @@ def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.co
     tl.store(counts + 3, second >> 16)
 
 
-@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
+@_any_width
 def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr,
                   PAIRS: tl.constexpr, PDL: tl.constexpr):
     """One read of the block: its counts and its candidates' words, in
@@ -712,11 +717,11 @@ def _publish_when_last(out_ptr, offset, row, spans, peers, rank, WORDS: tl.const
             _publish(out_ptr, offset, row, peers, rank, WORDS, WORLD, LIST, LIBRARY_PEERS)
 
 
-@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
-def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
-                  LIST: tl.constexpr, REGION: tl.constexpr, BLOCKS_P2: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
-                  REGIONS_AT: tl.constexpr, TILE: tl.constexpr, SPAN: tl.constexpr, WORLD: tl.constexpr,
-                  LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+@_any_width
+def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
+                  SLOTS: tl.constexpr, LIST: tl.constexpr, REGION: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                  HISTOGRAMS_AT: tl.constexpr, REGIONS_AT: tl.constexpr, TILE: tl.constexpr, SPAN: tl.constexpr,
+                  WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Settles the row from the filter's counts: the first span selects from
     the candidates, every block with tokens to keep writes them, or every
     span histograms its high bytes for the radix steps. ``peers``:
@@ -783,7 +788,7 @@ def _summed(histograms, spans, AT: tl.constexpr):
     return total
 
 
-@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
+@_any_width
 def radix_low_kernel(scratch_ptr, rows, width_limit, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
                      SPAN: tl.constexpr, PDL: tl.constexpr):
     """Radix rows: the boundary bucket of the high byte over the row, then
@@ -802,7 +807,7 @@ def radix_low_kernel(scratch_ptr, rows, width_limit, N: tl.constexpr, LIST: tl.c
                             256, True, SPAN)
 
 
-@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
+@_any_width
 def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
                        SLOTS: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr,
                        WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
@@ -933,7 +938,7 @@ def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, push: Pu
                  arrivals=arrivals, publish=push, pdl=pdl)
 
 
-@triton.jit(do_not_specialize=["width_limit"])  # a row width is no compile-time fact
+@_any_width
 def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_ends_ptr, logits_stride, idx_stride,
                         width_limit, N: tl.constexpr, PLANES: tl.constexpr, GROUPS: tl.constexpr,
                         PDL: tl.constexpr):

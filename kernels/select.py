@@ -48,9 +48,10 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                   WORLD_P2: tl.constexpr, N_P2: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr,
                   EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
     """``outputs`` and the sizes after it: as ``output_args`` builds them;
-    ``waits``: (flags_ptr,
-    status_ptr, max_spins), the bounded wait's flags and record."""
+    ``waits``: (flags_ptr, status_ptr, max_spins), the bounded wait's flags
+    and record."""
     after_prior_kernel(PDL)
+    sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
     flags_ptr, status_ptr, max_spins = waits
     row = tl.program_id(0).to(tl.int64)
     words: tl.constexpr = N + PLANES * (N // 32)
@@ -63,8 +64,7 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
         keys = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N), N, PLANES, WORLD,
                            INTERLEAVE, GID_BITS)
         kappa, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
-        emit_selected(keys, kappa, selected, row, outputs,
-                      (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride), rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
+        emit_selected(keys, kappa, selected, row, outputs, sizes, rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
                       EMIT_ROWS, SORTED)
         # Saturated: all N words sent and the smallest >= kappa, that is all
         # N selected (empty slots and those past N never are): a count that
@@ -135,6 +135,7 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
     are streamed rank by rank in tiles instead, a radix select summed over
     the tiles finds the K-th key, and the selected keys are compacted."""
     after_prior_kernel(PDL)
+    sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
     flags_ptr, status_ptr, max_spins = waits
     row = tl.program_id(0).to(tl.int64)
     epoch = call_epoch(epochs_ptr, row)
@@ -169,8 +170,7 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                 slot = tl.arange(0, KEYS)
                 keys = tl.load(selected_row + slot, mask=slot < selected, other=0)[None, :]
                 kth = tl.full((), 1, tl.int64)  # every key left is selected
-            emit_selected(keys, kth, selected, row, outputs,
-                          (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride), rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
+            emit_selected(keys, kth, selected, row, outputs, sizes, rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
                           EMIT_ROWS, SORTED)
     if ok:
         tl.store(epochs_ptr + row, epoch)
