@@ -148,11 +148,17 @@ class DcpTopkWorkspace:
     def destroy(self) -> None:
         """Release this workspace: its symmetric memory back to the group
         (collective: every rank destroys its workspaces in one order), its
-        other buffers to torch. A second call does nothing."""
+        other buffers to torch. After an expired wait the ranks are out of
+        step and a collective could wait for a dead peer: the symmetric
+        memory then stays with the group (freed by ``group.destroy()``). A
+        second call does nothing."""
         if self.destroyed:
             return
         self.destroyed = True
         held = [t for t in (self.gather, self.recv, self.flags, self.staging, self.collect_dst) if t is not None]
         self.gather = self.recv = self.flags = self.staging = self.collect_dst = None
         _LIVE.pop(self.handle, None)
-        self.group.free_symmetric(held)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # a wait still running may yet expire
+        if not self.status[0]:
+            self.group.free_symmetric(held)

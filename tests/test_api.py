@@ -128,6 +128,17 @@ def test_destroyed_workspaces_return_their_symmetric_memory():
     group.destroy()
 
 
+def test_a_workspace_whose_wait_expired_is_destroyed_without_a_collective():
+    """After an expired wait a peer may be dead: destroy() returns nothing
+    to the group (a collective free could wait for that peer forever)."""
+    group = nt.SimulatedGroup(2)
+    ws = nt.init_dcp_topk_merge(group.ranks[0], max_rows=2, topk=64, max_local_len=300)
+    group.ranks[0].free_symmetric = lambda tensors: pytest.fail("destroy() freed collectively after a timeout")
+    ws.record_timeout(row=0, rank=1, epoch=1)
+    ws.destroy()
+    assert ws.destroyed
+
+
 # ------------------------------------------------------------ validation
 
 _L = torch.zeros(2, 2, 64).bfloat16()
