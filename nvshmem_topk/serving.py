@@ -81,10 +81,21 @@ class DcpTopkIndexer:
         row width up to max_local_len and any batch size up to max_rows
         then run without compiling, for bf16 logits whose rows lie at a
         stride of a multiple of 16 elements (as engines allocate them;
-        another stride or dtype compiles at its first merge). Collective."""
-        device = self.group.device
+        another stride or dtype compiles at its first merge). On GPUs the
+        merges first run compile-only, their variants compiled at once on a
+        thread per CPU, then for real. Collective."""
         forms = [(r, s) for r in (False, True) if rows in (None, r) for s in (False, True) if sorted in (None, s)]
-        num_rows = self.max_rows
+        if self.workspaces[0].impl == "triton" and self.group.device.type == "cuda":
+            from .kernels import launch
+
+            # Compile-only merges run the host side only (a collective exchange's copy into the local
+            # gather buffer at the coming epoch), which the merges below repeat in stream order.
+            with launch.compile_only():
+                self._merge_every_variant(forms)
+        self._merge_every_variant(forms)
+
+    def _merge_every_variant(self, forms: list[tuple[bool, bool]]) -> None:
+        device, num_rows = self.group.device, self.max_rows
         for width in backend(self.workspaces[0].impl).compiled_widths(self.max_local_len):
             stride = -(-width // 16) * 16
             logits = torch.zeros((num_rows, stride), dtype=torch.bfloat16, device=device)[:, :width]

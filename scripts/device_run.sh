@@ -8,6 +8,8 @@
 #            NVSHMEM's device library, in the same run
 #   tests    GPU kernel tests and NVSHMEM tests (W = visible GPUs), per-test timeouts and durations;
 #            the launcher tests run when MPICH's mpiexec is there
+#   serving  the serving tests (tests/test_serving_gpu.py) with an empty Triton cache, so their output gives
+#            warm-up's compile time and variant count, then examples/serving_indexer.py under torchrun
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
 #   launch   the demo started by MPICH's mpiexec (Hydra, PMI-1): NVSHMEM's PMI bootstrap, then over mpi4py
 #   branches the kernel benchmark (BENCH_ARGS, default the pack at three shapes), the select alone at
@@ -17,7 +19,7 @@
 #            with each kernel's SASS instruction counts and stall samples (scripts/sass_summary.py)
 # Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
 # Logs and results go under $OUT.
-#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [cli] [launch] [branches] [profile]
+#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [serving] [cli] [launch] [branches] [profile]
 #        (BENCH_ARGS narrows the kernel benchmark, MERGE_ARGS the merge one, TEST_FILES and TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
@@ -51,6 +53,11 @@ for step in $STEPS; do
       timeout "${TEST_TIMEOUT:-600}" python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_kernels.py tests/test_nvshmem.py} \
         -p no:cacheprovider --timeout 200 --tb=short -rs --durations 0 ${TEST_ARGS:-} > "$OUT/gpu_tests.log" 2>&1
       tail -25 "$OUT/gpu_tests.log" ;;
+    serving)
+      { TRITON_CACHE_DIR=$(mktemp -d) timeout 400 python3 -m pytest -q -s tests/test_serving_gpu.py \
+          -p no:cacheprovider --timeout 300 --tb=short --durations 0
+        timeout 300 torchrun --nproc-per-node "$GPUS" examples/serving_indexer.py
+      } 2>&1 | grep -v -i warn | tee "$OUT/serving.log" ;;
     cli)
       { nvshmem-topk info
         timeout 180 nvshmem-topk bench --impl triton --device cuda --rows 1 64 256 --widths 16384 131072 \
@@ -90,6 +97,6 @@ for step in $STEPS; do
         done
         tar czf "$OUT/profile_sass.tgz" -C /tmp/sass .
       } 2>&1 | grep -v -i warn | tee "$OUT/profile.log" | tail -60 ;;
-    *) echo "unknown step $step (kernels, merge, merge-library, tests, cli, launch, branches, profile)"; exit 2 ;;
+    *) echo "unknown step $step (kernels, merge, merge-library, tests, serving, cli, launch, branches, profile)"; exit 2 ;;
   esac
 done

@@ -20,6 +20,7 @@ import nvshmem_topk as nt
 from nvshmem_topk import format as fmt
 from nvshmem_topk.groups.nvshmem import NvshmemGroup, finalize_nvshmem, launcher_local_rank
 from nvshmem_topk.testing import families
+from batch_graphs import SIZES, replay_per_batch_size
 from oracle import assert_exact, oracle_topk
 
 
@@ -90,6 +91,16 @@ def graph_mode(group, exchange, replays=1000):
     ws.check()
     print(f"rank {rank} replays ok {replays}", flush=True)
     ws.destroy()
+
+
+def batch_graphs_mode(group, exchange):
+    """Graphs per batch size on two micro-batches (``batch_graphs``)."""
+    indexer = nt.DcpTopkIndexer(group, max_rows=max(SIZES), topk=256, max_local_len=4096, micro_batches=2,
+                                exchange=exchange, timeout_s=WAIT_S)
+    indexer.warmup(rows=False)
+    steps = replay_per_batch_size(indexer, gathered, width=4096)
+    print(f"rank {group.rank} batch graphs ok {steps}", flush=True)
+    indexer.destroy()
 
 
 def soak_mode(group, exchange, merges=10000):
@@ -209,8 +220,8 @@ def main() -> None:
         torch.cuda.set_device(launcher_local_rank())
         nt.init_nvshmem(bootstrap)
     group = NvshmemGroup(device_library=device_library)
-    modes = {"families": families_mode, "graph": graph_mode, "soak": soak_mode, "compiled": compiled_mode,
-             "timeout": timeout_mode, "heap": heap_mode}
+    modes = {"families": families_mode, "graph": graph_mode, "batch_graphs": batch_graphs_mode, "soak": soak_mode,
+             "compiled": compiled_mode, "timeout": timeout_mode, "heap": heap_mode}
     modes[mode](group, exchange)
     if mode != "timeout":  # after a timeout the peers are out of step; leave without collectives
         group.destroy()

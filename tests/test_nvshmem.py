@@ -53,6 +53,12 @@ def test_graph_replays_exact_with_changing_inputs(exchange):
         assert r.returncode == 0 and f"rank {r.rank} replays ok 1000" in r.output, r.output
 
 
+@pytest.mark.parametrize("exchange", ["push", "fcollect"])
+def test_graphs_per_batch_size_replay_exact_on_two_micro_batches(exchange):
+    for r in _run("batch_graphs", exchange):
+        assert r.returncode == 0 and f"rank {r.rank} batch graphs ok 60" in r.output, r.output
+
+
 @pytest.mark.parametrize("device_library", ["auto", pytest.param("always", marks=pytest.mark.skipif(
     WORLD < 2, reason="the device library reaches peers; one GPU has none"))])
 def test_soak_ten_thousand_merges(device_library):

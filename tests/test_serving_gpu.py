@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from batch_graphs import SIZES, replay_per_batch_size
 from oracle import assert_exact, oracle_topk
 
 pytestmark = pytest.mark.gpu
@@ -77,35 +78,9 @@ def test_nothing_compiles_after_warmup_at_any_width_or_batch_size():
 
 
 def test_graphs_per_batch_size_replay_exact_on_two_micro_batches():
-    """Graphs captured as engines capture them (T = 1, 2, 4, ... 256 on one
-    workspace, and on a second micro-batch's), replayed interleaved with
-    new scores and row lengths every time."""
-    max_rows, width = 256, 4096
-    indexer = _indexer(micro_batches=2, max_rows=max_rows, width=width)
+    """Graphs captured per batch size on two micro-batches' workspaces
+    (``batch_graphs``); the NVSHMEM group's form is in test_nvshmem.py."""
+    indexer = _indexer(micro_batches=2, max_rows=max(SIZES), width=4096)
     indexer.warmup(rows=False)
-    sizes = [1 << i for i in range(9)]
-    inputs, graphs = {}, {}
-    for micro_batch in range(2):
-        for rows in sizes:
-            x = torch.zeros(rows, width, dtype=torch.bfloat16, device="cuda")
-            ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
-            ids = torch.empty(rows, TOPK, dtype=torch.int32, device="cuda")
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                indexer.dcp_topk_merge(x, ends, ids, micro_batch=micro_batch)
-            inputs[micro_batch, rows], graphs[micro_batch, rows] = (x, ends, ids), graph
-    gen = torch.Generator().manual_seed(1)
-    for step in range(60):
-        micro_batch, rows = step % 2, sizes[(step * 5) % len(sizes)]
-        x, ends, ids = inputs[micro_batch, rows]
-        logits = torch.randn(rows, width, generator=gen).bfloat16()
-        logits[: rows // 2, : step * 7] = 3.0  # ties at the top of some rows
-        lengths = torch.randint(0, width + 1, (rows,), generator=gen, dtype=torch.int32)
-        x.copy_(logits)
-        ends.copy_(lengths)
-        graphs[micro_batch, rows].replay()
-        assert_exact(ids.cpu()[None], oracle_topk(logits[None], lengths[None], TOPK),
-                     context=f"step {step}, micro-batch {micro_batch}, {rows} rows")
-    for ws in indexer.workspaces:
-        ws.check()
+    assert replay_per_batch_size(indexer, lambda ids: ids.cpu()[None], width=4096) == 60
     indexer.destroy()
