@@ -24,26 +24,31 @@ def packed_word(score, local):
 
 @triton.jit
 def ord16(bits):
-    """bf16 bits (int32 in [0, 0xFFFF]) -> order-preserving unsigned image."""
+    """bf16 or fp16 bits (int32 in [0, 0xFFFF]) -> order-preserving unsigned
+    image (the same sign-magnitude rule serves both)."""
     return tl.where(bits >= 0x8000, ~bits & 0xFFFF, bits | 0x8000)
 
 
 @triton.jit
 def score_bits(ptr, mask):
-    """bf16 bits of the scores at ``ptr`` (0 where not ``mask``)."""
-    return bf16_bits(tl.load(ptr, mask=mask, other=0.0))
+    """16-bit score bits of the scores at ``ptr`` (0 where not ``mask``)."""
+    return score16_bits(tl.load(ptr, mask=mask, other=0.0))
 
 
 @triton.jit
-def bf16_bits(x):
-    """bf16 bits of the scores ``x`` (int32 in [0, 0xFFFF]): bf16 as they
-    are; fp32 rounded to nearest even on the bits (torch's rule, written out
-    so that every backend, the interpreter included, rounds alike; NaN stays
-    NaN)."""
+def score16_bits(x):
+    """The 16-bit pattern each score ``x`` is ranked by (int32 in [0,
+    0xFFFF]): bf16 and fp16 as they are, except that an fp16 NaN becomes
+    bf16's (is_nan_bits knows one pattern set; ord16 orders either format);
+    fp32 rounded to bf16, to nearest even on the bits (torch's rule, written
+    out so that every backend, the interpreter included, rounds alike; NaN
+    stays NaN)."""
     if x.dtype == tl.float32:  # compile-time: only the taken branch is built
         u = x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
         rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.int32) & 0xFFFF
         bits = tl.where(x != x, 0x7FC0, rounded)
+    elif x.dtype == tl.float16:
+        bits = tl.where(x != x, 0x7FC0, x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
     else:
         bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     return bits

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from .exchange import call_epoch, push_list, push_row
-from .keys import (MAX_PEERS, MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, bf16_bits, is_nan_bits, near_bin, near_boundary,
+from .keys import (MAX_PEERS, MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, score16_bits, is_nan_bits, near_bin, near_boundary,
                    ord16, packed_word, radix_boundary, score_bits)
 from .launch import Launch
 from .sync import after_prior_kernel, last_to_arrive
@@ -155,7 +155,7 @@ _any_width = triton.jit(do_not_specialize=["width_limit"])
 def _order(x):
     """ord16 of the scores ``x`` (bf16, or fp32 rounded to bf16), 0 for NaN:
     below every valid score."""
-    bits = bf16_bits(x)
+    bits = score16_bits(x)
     return tl.where(is_nan_bits(bits), 0, ord16(bits))
 
 
@@ -186,7 +186,8 @@ def _block_tokens(logits_ptr, row, logits_stride, block, end):
 
 @triton.jit
 def _row_end(row_ends_ptr, row, width_limit):
-    return tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit)
+    """Row ``row``'s valid length (row_ends int32 or int64), as int32."""
+    return tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit).to(tl.int32)
 
 
 @triton.jit
@@ -414,7 +415,7 @@ def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl
         valid = wide == wide
         candidate = wide >= _score_floor(tl.load(scratch + FLOOR))
     else:
-        bits = bf16_bits(x)
+        bits = score16_bits(x)
         half = tl.where(bits >= 0x8000, bits - 0x10000, bits)  # as int16, sign extended
         valid = ~is_nan_bits(bits)
         candidate = valid & (ord16(bits) >= tl.load(scratch + FLOOR))

@@ -41,7 +41,7 @@ def unsharded_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, inte
     for t in range(rows):
         gids, scores = [], []
         for r in range(world_size):
-            bits = fmt.bf16_bits(logits[r, t].cpu())
+            bits = fmt.score16_bits(logits[r, t].cpu())
             keep = (local < row_ends[r, t].cpu()) & ~fmt.is_nan_bits(bits)
             gids.append(fmt.global_id(local[keep], r, world_size, interleave))
             scores.append(fmt.ord16(bits[keep]))

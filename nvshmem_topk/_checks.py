@@ -10,7 +10,8 @@ from .groups.base import DcpGroup
 from .protocol import EXCHANGES, Outputs, RowsOutput, resolve_impl
 from .workspace import DcpTopkWorkspace
 
-LOGIT_DTYPES = (torch.bfloat16, torch.float32)
+LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+END_DTYPES = (torch.int32, torch.int64)
 
 
 def check_int(name: str, value, low: int, high: int | None = None, multiple: int = 1) -> None:
@@ -49,7 +50,7 @@ def check_logits(logits, row_ends, rows: int | None = None, device=None) -> int:
     rows = logits.shape[0] if rows is None else rows
     if logits.shape[0] < rows:
         raise ValueError(f"logits must have >= {rows} rows, got shape {tuple(logits.shape)}")
-    check_tensor("row_ends", row_ends, torch.int32, 1, logits.device)
+    check_tensor("row_ends", row_ends, END_DTYPES, 1, logits.device)
     if row_ends.shape[0] < rows:
         raise ValueError(f"row_ends must have >= {rows} entries, got {row_ends.shape[0]}")
     return rows
@@ -175,7 +176,7 @@ def check_simulated(logits, row_ends, topk: int, local_topk: int | None) -> int:
     """A simulated merge's [W, T, S] inputs and sizes; returns N."""
     check_tensor("logits", logits, LOGIT_DTYPES, 3)
     world_size, rows, width = logits.shape
-    check_tensor("row_ends", row_ends, torch.int32, 2, logits.device)
+    check_tensor("row_ends", row_ends, END_DTYPES, 2, logits.device)
     if tuple(row_ends.shape) != (world_size, rows):
         raise ValueError(f"row_ends must be [{world_size}, {rows}], got {tuple(row_ends.shape)}")
     local_topk = fmt.default_local_topk(topk, world_size) if local_topk is None else local_topk

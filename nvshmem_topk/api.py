@@ -54,7 +54,7 @@ def dcp_topk_pack(
     out: torch.Tensor | None = None, impl: str | None = None, pdl: bool | None = None,
 ) -> torch.Tensor:
     """This rank's round-1 rows: the local top-N by (score desc, local id
-    asc) of ``logits`` [T, S] (bf16; fp32 is rounded to bf16) below
+    asc) of ``logits`` [T, S] (bf16 or fp16; fp32 is rounded to bf16) below
     ``min(row_ends[t], S, max_local_len)``, NaN excluded, packed by ascending
     local id into int32 [T, packed_row_words(N, P)] (0 = empty slot)."""
     rows = checks.check_logits(logits, row_ends)
@@ -131,8 +131,8 @@ def dcp_topk_merge(
     logits: torch.Tensor, row_ends: torch.Tensor, topk_indices: torch.Tensor, *,
     workspace: DcpTopkWorkspace, sorted: bool = False,
 ) -> None:
-    """Exact global top-K ids of this rank's ``logits`` [T, S] bf16 and
-    ``row_ends`` [T] int32 over the DCP group into ``topk_indices`` [T, K]
+    """Exact global top-K ids of this rank's ``logits`` [T, S] (bf16 or
+    fp16; fp32 is rounded to bf16) and ``row_ends`` [T] (int32 or int64) over the DCP group into ``topk_indices`` [T, K]
     int32 (global ids, -1 padded; ``sorted`` gives descending score, then
     ascending id). Collective: every rank calls every merge, in stream order."""
     if torch.compiler.is_compiling():  # traced as the custom op, which checks its arguments when it runs
@@ -173,8 +173,8 @@ def simulate_dcp_topk_merge(
 ) -> torch.Tensor:
     """The whole merge over W virtual ranks in this process.
 
-    logits: [W, T, S] bf16 (or fp32), ``logits[r, t, l]`` scores rank r's
-    local token l; row_ends: [W, T] int32. Returns int32 [W, T, topk]: rank
+    logits: [W, T, S] bf16 or fp16 (or fp32), ``logits[r, t, l]`` scores
+    rank r's local token l; row_ends: [W, T] int32 or int64. Returns int32 [W, T, topk]: rank
     r's ids (the same on every rank), -1 padded. ``impl``: by default the
     Triton kernels on CUDA, the reference on CPU."""
     if torch.compiler.is_compiling():

@@ -23,7 +23,7 @@ def assert_packed_merge_contract(
     words = fmt.packed_row_words(local_topk, planes)
     assert tuple(packed.shape) == (rows, words), f"packed must be [{rows}, {words}], got {tuple(packed.shape)}"
     ord16, local, present = fmt.unpack_rows(packed.cpu(), local_topk, planes)
-    bits = fmt.bf16_bits(logits.cpu())
+    bits = fmt.score16_bits(logits.cpu())
     score = fmt.ord16(bits)
     valid_all = ~fmt.is_nan_bits(bits)
     for t in range(rows):

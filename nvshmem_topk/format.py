@@ -107,9 +107,14 @@ def owner_and_local(gid, world_size: int, interleave: int):
 # -------------------------------------------------------- scores, words
 
 
-def bf16_bits(scores: torch.Tensor) -> torch.Tensor:
-    """The bf16 bit patterns of ``scores`` as int32 in [0, 0xFFFF]. fp32
-    scores are rounded to bf16 first (round to nearest even)."""
+def score16_bits(scores: torch.Tensor) -> torch.Tensor:
+    """The 16-bit patterns ``scores`` are ranked by, as int32 in [0, 0xFFFF]:
+    bf16 and fp16 as they are, an fp16 NaN made bf16's (0x7FC0) so that
+    ``is_nan_bits`` serves both; fp32 rounded to bf16 first (to nearest
+    even)."""
+    if scores.dtype == torch.float16:
+        bits = scores.view(torch.int16).to(torch.int32) & 0xFFFF
+        return torch.where(scores.isnan(), 0x7FC0, bits)
     return scores.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
 
 
@@ -118,7 +123,7 @@ def is_nan_bits(bits: torch.Tensor) -> torch.Tensor:
 
 
 def ord16(bits: torch.Tensor) -> torch.Tensor:
-    """Order-preserving unsigned image of bf16 bits (int32 in, int32 out)."""
+    """Order-preserving unsigned image of bf16 or fp16 bits (int32 in, int32 out)."""
     return torch.where(bits >= 0x8000, ~bits & 0xFFFF, bits | 0x8000)
 
 

@@ -38,7 +38,7 @@ def local_topk_indices(
     its score is not NaN. Returns [T, k] int64 local ids in ascending order,
     then -1 (rows with fewer than k valid tokens)."""
     rows, width = logits.shape
-    bits = fmt.bf16_bits(logits)
+    bits = fmt.score16_bits(logits)
     local = torch.arange(width, device=logits.device)
     end = row_ends.long().clamp(0, min(width, max_local_len))
     valid = (local < end[:, None]) & ~fmt.is_nan_bits(bits)
@@ -63,7 +63,7 @@ def pack_indices(
     end = row_ends.long().clamp(0, min(width, max_local_len))
     inside = (idx >= 0) & (idx < end[:, None])
     # One padding column: rows of width 0 still have an index 0 to gather.
-    bits = torch.nn.functional.pad(fmt.bf16_bits(logits), (0, 1)).gather(1, torch.where(inside, idx, 0))
+    bits = torch.nn.functional.pad(fmt.score16_bits(logits), (0, 1)).gather(1, torch.where(inside, idx, 0))
     present = inside & ~fmt.is_nan_bits(bits)
     words = torch.where(present, fmt.make_words(fmt.ord16(bits), idx), 0)
     return fmt.pack_rows(words, torch.where(present, idx, 0), fmt.num_planes(max_local_len))

@@ -56,7 +56,7 @@ class DcpTopkIndexer:
 
     def dcp_topk_merge(self, logits: torch.Tensor, row_ends: torch.Tensor, topk_indices: torch.Tensor,
                        local_topk: int | None = None, *, micro_batch: int = 0, sorted: bool = False) -> None:
-        """logits [T, S] bf16, row_ends [T] int32 -> topk_indices [T, K] int32
+        """logits [T, S] bf16 or fp16, row_ends [T] int32 or int64 -> topk_indices [T, K] int32
         global ids, -1 padded (collective over the DCP group)."""
         api.dcp_topk_merge(logits, row_ends, topk_indices, workspace=self._workspace(micro_batch, local_topk),
                            sorted=sorted)
@@ -80,7 +80,7 @@ class DcpTopkIndexer:
         ``sorted``; None: both). Nothing else is a compile-time fact: any
         row width up to max_local_len and any batch size up to max_rows
         then run without compiling, for bf16 logits whose rows lie at a
-        stride of a multiple of 16 elements (as engines allocate them;
+        stride of a multiple of 16 elements and int32 row ends (as engines allocate them;
         another stride or dtype compiles at its first merge). On GPUs the
         merges first run compile-only, their variants compiled at once on a
         thread per CPU, then for real. Collective."""

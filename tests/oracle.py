@@ -13,9 +13,11 @@ def global_id(local: np.ndarray, rank: int, world_size: int, interleave: int) ->
 
 def oracle_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interleave: int = 1):
     """logits [W, T, S], row_ends [W, T] -> per row the list of global ids of
-    the top-K valid tokens, by score desc (-0 below +0), then global id asc."""
+    the top-K valid tokens, by score desc (-0 below +0), then global id asc:
+    bf16 and fp16 scores as they are, fp32 rounded to bf16."""
     world_size, rows, width = logits.shape
-    scores = logits.to(torch.bfloat16).float().numpy()
+    exact = logits.dtype in (torch.bfloat16, torch.float16)
+    scores = (logits if exact else logits.to(torch.bfloat16)).float().numpy()
     out = []
     for t in range(rows):
         vals, gids = [], []

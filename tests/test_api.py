@@ -160,10 +160,11 @@ def test_simulate_rejects_bad_sizes(kwargs, error, match):
 
 
 @pytest.mark.parametrize("logits,ends,error,match", [
-    (_L.float().half(), _E, TypeError, "logits must be torch.bfloat16 or torch.float32, got torch.float16"),
+    (_L.double(), _E, TypeError,
+     "logits must be torch.bfloat16 or torch.float16 or torch.float32, got torch.float64"),
     (_L[0], _E, ValueError, "logits must have 3 dimensions, got shape \\(2, 64\\)"),
     (_L.transpose(1, 2), _E, ValueError, "stride"),
-    (_L, _E.long(), TypeError, "row_ends must be torch.int32, got torch.int64"),
+    (_L, _E.short(), TypeError, "row_ends must be torch.int32 or torch.int64, got torch.int16"),
     (_L, _E[:1], ValueError, "row_ends must be \\[2, 2\\], got \\(1, 2\\)"),
     ([1, 2], _E, TypeError, "logits must be a torch.Tensor, got list"),
     (torch.zeros(17, 1, 64).bfloat16(), torch.zeros(17, 1, dtype=torch.int32), ValueError,

@@ -7,7 +7,7 @@ from nvshmem_topk import format as fmt
 
 
 def _bits(values):
-    return fmt.bf16_bits(torch.tensor(values, dtype=torch.float32))
+    return fmt.score16_bits(torch.tensor(values, dtype=torch.float32))
 
 
 def test_ord16_is_a_total_order_with_signed_zero_and_inf():

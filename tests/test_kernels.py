@@ -446,6 +446,27 @@ def test_fp32_logits_round_to_bf16_like_the_reference(device):
 
 
 @needs_triton
+def test_fp16_scores_rank_in_fp16_order_with_int64_row_ends(device):
+    """fp16 scores that tie once rounded to bf16 (so a bf16 ranking would
+    choose other ids), every fp16 NaN pattern class, infinities, zeros of
+    both signs and subnormals; int64 row ends, some rows cut short."""
+    gen = torch.Generator().manual_seed(16)
+    world, rows, width, k = 2, 4, 300, 64
+    logits = torch.randn(world, rows, width, generator=gen).half()
+    logits[:, :2, :200] = (1.0 + torch.arange(200) * 2.0**-10).half()  # 8 fp16 steps per bf16 step
+    special = torch.tensor([0x7C01, 0x7E00, 0xFC01, 0xFFFF, 0x7C00, 0xFC00, 0x0000, 0x8000, 0x0001, 0x8001],
+                           dtype=torch.int32).to(torch.int16).view(torch.float16)
+    logits[:, 2, :10] = special
+    logits[1, 3] = float("nan")
+    ends = torch.randint(width // 2, width + 1, (world, rows), generator=gen, dtype=torch.int64)
+    ends[:, 0] = width
+    got = _same_at_every_stage(logits.to(device), ends.to(device), topk=k, local_topk=32, sorted=True)
+    want = oracle_topk(logits, ends, k)
+    assert want != oracle_topk(logits.bfloat16(), ends, k), "the case must tell fp16 order from bf16's"
+    assert_exact(got["ids"].cpu(), want, ordered=True)
+
+
+@needs_triton
 def test_pack_indices_kernel_matches_reference(device):
     import nvshmem_topk as nt
     from nvshmem_topk import reference

@@ -49,7 +49,7 @@ def test_pack_by_hand_is_ascending_local_id_and_empty_last():
     # top-32 of 40: 2.0 at 7, 1.0 at 3, then zeros at the 30 lowest other ids
     expected = sorted([7, 3] + [i for i in range(40) if i not in (3, 7)][:30])
     assert local[0].tolist() == expected and present.all()
-    assert ord16[0, expected.index(7)].item() == fmt.ord16(fmt.bf16_bits(_bf16([2.0]))).item()
+    assert ord16[0, expected.index(7)].item() == fmt.ord16(fmt.score16_bits(_bf16([2.0]))).item()
 
 
 def test_pack_indices_keeps_slots_and_drops_bad_ids():
