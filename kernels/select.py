@@ -13,6 +13,7 @@ candidate sets give bit-identical outputs. Bit-identical to
 import triton
 import triton.language as tl
 
+from .. import format as fmt
 from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, SCORE_BITS, TIE_TILE, decode_keys, emit_selected, kth_largest,
                    radix_boundary, radix_digit_histogram)
 from .exchange import call_epoch, gather_slot
@@ -77,7 +78,7 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
 
 @triton.jit
 def _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows,
-                 TILE: tl.constexpr, TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
+                 TILE: tl.constexpr, LIST: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
                  SLOTS: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr,
                  GID_BITS: tl.constexpr):
     """Candidates [start, start + TILE) of rank q in the rescue: its pushed
@@ -91,15 +92,15 @@ def _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_ro
     rank_slot = tl.zeros((), dtype=tl.int64)
     for b in tl.static_range(WORLD):
         rank_slot += (below >> b) & 1
-    pushed_row = recv_ptr + (row * SLOTS + rank_slot) * (TOPK + PLANES * (TOPK // 32))
-    pushed = decode_keys(pushed_row, slot, q, (slot < TOPK) & saturated, TOPK, PLANES, WORLD, INTERLEAVE,
+    pushed_row = recv_ptr + (row * SLOTS + rank_slot) * (LIST + PLANES * (LIST // 32))
+    pushed = decode_keys(pushed_row, slot, q, (slot < LIST) & saturated, LIST, PLANES, WORLD, INTERLEAVE,
                          GID_BITS)
     return tl.where(saturated, pushed, tl.where(seen >= kappa, seen, 0))
 
 
 @triton.jit
 def _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, KEYS: tl.constexpr,
-                       TILE: tl.constexpr, TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
+                       TILE: tl.constexpr, LIST: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
                        SLOTS: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
     """The rescue's candidates >= kappa, in candidate order (rank by rank:
     a saturated rank's pushed list, another's round-1 words), into
@@ -108,10 +109,10 @@ def _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_p
     is in the union (a saturated rank's N words are in its list)."""
     count = tl.zeros((), dtype=tl.int32)
     for q in range(WORLD):
-        length = tl.where(((mask >> q) & 1) != 0, TOPK, N)
+        length = tl.where(((mask >> q) & 1) != 0, LIST, N)
         start = 0
         while start < length:
-            tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, TOPK, N,
+            tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, LIST, N,
                                 PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
             take = ((tile >= kappa) & (tile != 0)).to(tl.int32)
             pos = count + tl.cumsum(take, axis=0) - take
@@ -124,8 +125,9 @@ def _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_p
 @triton.jit(do_not_specialize=OUTPUT_SIZES)
 def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, waits, sat_ptr,
                   selected_ptr, ties_ptr, gather_ptr, epochs_ptr, recv_ptr, max_rows, rank,
-                  TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
-                  WORLD: tl.constexpr, WORLD_P2: tl.constexpr, KEYS: tl.constexpr, TILE: tl.constexpr,
+                  TOPK: tl.constexpr, LIST: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
+                  SLOTS: tl.constexpr, WORLD: tl.constexpr, WORLD_P2: tl.constexpr, KEYS: tl.constexpr,
+                  TILE: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
                   EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
     """Rows with saturated ranks: the candidates >= kappa are compacted into
@@ -149,20 +151,20 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
             kappa = sat & SAT_KAPPA_MASK
             selected_row = selected_ptr + row * KEYS
             count = _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, KEYS,
-                                       TILE, TOPK, N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
+                                       TILE, LIST, N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
             tl.debug_barrier()  # the block's stores are seen by all its threads
             if count <= KEYS:
                 slot = tl.arange(0, KEYS)
                 keys = tl.load(selected_row + slot, mask=slot < count, other=0)[None, :]
                 kth, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
             else:
-                kth = _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, TOPK, N, PLANES,
-                                    SLOTS, WORLD, INTERLEAVE, GID_BITS)
+                kth = _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, TOPK, LIST, N,
+                                    PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
                 selected = tl.zeros((), dtype=tl.int32)
                 for q in range(WORLD):
-                    for start in range(0, max(N, TOPK), TILE):
+                    for start in range(0, max(N, LIST), TILE):
                         tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows,
-                                            TILE, TOPK, N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
+                                            TILE, LIST, N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
                         take = ((tile >= kth) & (tile != 0)).to(tl.int32)
                         tl.store(selected_row + selected + tl.cumsum(take, axis=0) - take, tile, mask=take != 0)
                         selected += tl.sum(take, axis=0)
@@ -178,8 +180,8 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
 
 @triton.jit
 def _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE: tl.constexpr, TOPK: tl.constexpr,
-                  N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr, WORLD: tl.constexpr,
-                  INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
+                  LIST: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
+                  WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
     """The K-th key of the rescue's candidates, by a radix select over the
     tiles streamed rank by rank (8-bit digits from the key's top)."""
     top: tl.constexpr = (SCORE_BITS + GID_BITS + 7) // 8 * 8
@@ -189,8 +191,8 @@ def _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE:
         shift = top - 8 - 8 * d
         hist = tl.zeros((256,), dtype=tl.int32)
         for q in range(WORLD):
-            for start in range(0, max(N, TOPK), TILE):
-                tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, TOPK,
+            for start in range(0, max(N, LIST), TILE):
+                tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, LIST,
                                     N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
                 hist += radix_digit_histogram(tile, prefix, shift)
         chosen, above, _ = radix_boundary(hist, need)
@@ -249,7 +251,8 @@ def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
     return Launch(rescue_kernel, (num_rows,),
                   (*output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
                    recv, max_rows, rank),
-                  dict(TOPK=topk, N=local_topk, PLANES=planes, SLOTS=max(slots, 1), WORLD=world_size,
+                  dict(TOPK=topk, LIST=fmt.list_len(topk), N=local_topk, PLANES=planes, SLOTS=max(slots, 1),
+                       WORLD=world_size,
                        WORLD_P2=_p2(world_size), KEYS=keys, TILE=RESCUE_TILE, INTERLEAVE=interleave,
                        GID_BITS=gid_bits, EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted,
                        PDL=pdl), min(16, keys // 256))

@@ -23,10 +23,12 @@ def check_int(name: str, value, low: int, high: int | None = None, multiple: int
         raise ValueError(f"{name} must be {bound}{also}, got {value}")
 
 
-def check_sizes(topk: int, local_topk: int, world_size: int) -> None:
-    check_int("topk", topk, fmt.MIN_TOPK, fmt.MAX_TOPK, fmt.WARP)
-    check_int("local_topk", local_topk, fmt.WARP, None, fmt.WARP)
+def check_sizes(topk: int, local_topk: int, world_size: int) -> int:
+    """K, N and W; returns N as the kernels take it (rounded up to 32)."""
+    check_int("topk", topk, fmt.MIN_TOPK, fmt.MAX_TOPK)
+    check_int("local_topk", local_topk, 1, None)
     check_int("world_size", world_size, 1, fmt.MAX_WORLD_SIZE)
+    return fmt.round_up_to_warp(local_topk)
 
 
 def check_tensor(name: str, t, dtypes, dim: int, device: torch.device | None = None) -> None:
@@ -139,7 +141,7 @@ def check_settings(group, *, max_rows, topk, local_topk, max_local_len, interlea
     if not isinstance(group, DcpGroup):
         raise TypeError(f"group must implement DcpGroup, got {type(group).__name__}")
     local_topk = fmt.default_local_topk(topk, group.world_size) if local_topk is None else local_topk
-    check_sizes(topk, local_topk, group.world_size)
+    local_topk = check_sizes(topk, local_topk, group.world_size)
     check_int("max_rows", max_rows, 1)
     check_int("max_local_len", max_local_len, 1, fmt.MAX_LOCAL_LEN)
     check_int("interleave", interleave, 1)
@@ -180,7 +182,7 @@ def check_simulated(logits, row_ends, topk: int, local_topk: int | None) -> int:
     if tuple(row_ends.shape) != (world_size, rows):
         raise ValueError(f"row_ends must be [{world_size}, {rows}], got {tuple(row_ends.shape)}")
     local_topk = fmt.default_local_topk(topk, world_size) if local_topk is None else local_topk
-    check_sizes(topk, local_topk, world_size)
+    local_topk = check_sizes(topk, local_topk, world_size)
     if width > fmt.MAX_LOCAL_LEN:
         raise ValueError(f"logits.shape[2] must be <= {fmt.MAX_LOCAL_LEN}, got {width}")
     return local_topk

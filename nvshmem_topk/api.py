@@ -29,7 +29,8 @@ def init_dcp_topk_merge(
 
     max_rows: most rows (T) of one merge; topk: K; max_local_len: the
     largest local length any row_ends will declare (sets the bit planes,
-    at most 2^20); local_topk: N, default ``default_local_topk(K, W)``;
+    at most 2^20); local_topk: N, default ``default_local_topk(K, W)``,
+    rounded up to a multiple of 32 (``ws.local_topk``);
     interleave: I, tokens per rank in a run; impl: "triton" (default on
     CUDA) or "reference" (default on CPU); exchange: how round-1 rows travel,
     "push" (Triton stores into every peer's buffer, bounded waits; the
@@ -132,9 +133,9 @@ def dcp_topk_merge(
     workspace: DcpTopkWorkspace, sorted: bool = False,
 ) -> None:
     """Exact global top-K ids of this rank's ``logits`` [T, S] (bf16 or
-    fp16; fp32 is rounded to bf16) and ``row_ends`` [T] (int32 or int64) over the DCP group into ``topk_indices`` [T, K]
-    int32 (global ids, -1 padded; ``sorted`` gives descending score, then
-    ascending id). Collective: every rank calls every merge, in stream order."""
+    fp16; fp32 is rounded to bf16) and ``row_ends`` [T] (int32 or int64)
+    over the DCP group into ``topk_indices`` [T, K] int32 (global ids, -1
+    padded; ``sorted`` gives descending score, then ascending id). Collective: every rank calls every merge, in stream order."""
     if torch.compiler.is_compiling():  # traced as the custom op, which checks its arguments when it runs
         torch.ops.nvshmem_topk.merge(logits, row_ends, topk_indices, workspace.handle, sorted)
         return

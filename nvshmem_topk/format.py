@@ -42,7 +42,7 @@ LOCAL_ID_BITS = LOW_BITS + MAX_PLANES
 MAX_LOCAL_LEN = 1 << LOCAL_ID_BITS
 MIN_VALID_ORD16 = 0x007F
 MAX_WORLD_SIZE = 16
-MIN_TOPK, MAX_TOPK = 32, 4096
+MIN_TOPK, MAX_TOPK = 1, 4096
 MAX_GID_BITS = 31  # global ids are int32; keys then fit 47 bits
 SAT_MASK_SHIFT = 16 + MAX_GID_BITS
 SAT_KAPPA_MASK = (1 << SAT_MASK_SHIFT) - 1
@@ -71,9 +71,21 @@ def rescue_slots(topk: int, local_topk: int) -> int:
     return topk // local_topk
 
 
+def list_len(topk: int) -> int:
+    """Candidates of a saturated rank's pushed list: its local top-K, K
+    rounded up to a multiple of 32 (a bit-plane word holds 32 candidates'
+    bits). A superset of that rank's share of the top-K is all the rescue
+    needs."""
+    return round_up_to_warp(topk)
+
+
+def round_up_to_warp(n: int) -> int:
+    return WARP * math.ceil(n / WARP)
+
+
 def default_local_topk(topk: int, world_size: int) -> int:
     """N = ceil(1.5 * K / W), rounded up to a multiple of 32."""
-    return WARP * math.ceil(math.ceil(3 * topk / (2 * world_size)) / WARP)
+    return round_up_to_warp(math.ceil(3 * topk / (2 * world_size)))
 
 
 def global_id_bits(world_size: int, interleave: int, max_local_len: int) -> int:

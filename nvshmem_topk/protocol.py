@@ -143,7 +143,7 @@ class ReferenceBackend:
         mask = fmt.sat_mask(sat)
         mine = ((mask >> ws.rank) & 1).nonzero().flatten()
         if mine.numel():
-            pushed = reference.pack(logits[mine], row_ends[mine], ws.topk, ws.max_local_len)
+            pushed = reference.pack(logits[mine], row_ends[mine], ws.list_len, ws.max_local_len)
             slot = reference.rescue_slot(mask[mine], ws.rank)
             for peer_recv, peer_flags in zip(ws.recv.peers, ws.flags.peers):
                 peer_recv[mine, slot] = pushed
@@ -255,7 +255,7 @@ class TritonBackend:
         if ws.slots and rows:
             push = pack.Publish(ws.epochs, ws.recv.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
                                 ws.world_size, sat=ws.sat, list_slots=ws.slots, library_peers=ws.library_peers)
-            pack.select_local(ws.recv.local, logits[:rows], row_ends[:rows], n=ws.topk,
+            pack.select_local(ws.recv.local, logits[:rows], row_ends[:rows], n=ws.list_len,
                               max_local_len=ws.max_local_len, scratch=ws.scratch, arrivals=ws.arrivals,
                               publish=push, pdl=ws.pdl)
 

@@ -160,8 +160,8 @@ def rescue(
     key >= kappa} U {the pushed lists of saturated ranks}.
 
     gathered: [W, T, words] int32 round-1 rows; sat: [T] int64 saturation
-    state; received: [T, K // N, packed_row_words(K, P)] int32 pushed lists
-    (slot ``rescue_slot(mask, q)`` holds rank q's). Returns selected keys
+    state; received: [T, K // N, packed_row_words(L, P)] int32 pushed lists,
+    L = ``format.list_len(K)`` (slot ``rescue_slot(mask, q)`` holds rank q's). Returns selected keys
     [T, K] int64 in candidate order; meaningful for rows with a mask."""
     mask, kappa = fmt.sat_mask(sat), fmt.sat_kappa(sat)
     keys = round1_keys(
@@ -172,10 +172,11 @@ def rescue(
     saturated = ((mask[:, None] >> ranks) & 1).bool()
     slot = rescue_slot(mask[:, None], ranks).clamp(max=max(received.shape[1] - 1, 0))
     rows = torch.arange(sat.shape[0], device=sat.device)[:, None]
+    listed = fmt.list_len(topk)
     pushed = decode_keys(
-        received[rows, slot], ranks[None, :, None], num_candidates=topk, world_size=world_size,
+        received[rows, slot], ranks[None, :, None], num_candidates=listed, world_size=world_size,
         interleave=interleave, max_local_len=max_local_len,
-    ) if received.shape[1] else torch.zeros(keys.shape[:2] + (topk,), dtype=torch.int64, device=keys.device)
+    ) if received.shape[1] else torch.zeros(keys.shape[:2] + (listed,), dtype=torch.int64, device=keys.device)
     seen = torch.where(~saturated[..., None] & (keys >= kappa[:, None, None]), keys, 0)
     pushed = torch.where(saturated[..., None], pushed, 0)
     selected, _ = top_keys(torch.cat([seen, pushed], dim=2).flatten(1), topk)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from . import api
+from . import format as fmt
 from .groups.base import DcpGroup
 from .protocol import backend
 
@@ -48,7 +49,7 @@ class DcpTopkIndexer:
         self.max_local_len = max_local_len
 
     def _workspace(self, micro_batch: int, local_topk: int | None):
-        if local_topk is not None and local_topk != self.local_topk:
+        if local_topk is not None and fmt.round_up_to_warp(local_topk) != self.local_topk:
             raise ValueError(f"local_topk={local_topk} differs from this indexer's N={self.local_topk}")
         if not 0 <= micro_batch < len(self.workspaces):
             raise ValueError(f"micro_batch must be in [0, {len(self.workspaces)}), got {micro_batch}")

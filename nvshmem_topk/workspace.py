@@ -48,8 +48,9 @@ class DcpTopkWorkspace:
     Symmetric (allocated through the group, same shape on every rank):
       gather  int32 [2, W, max_rows, packed_row_words(N, P)]: round-1 rows,
               by epoch parity, then by sender.
-      recv    int32 [max_rows, K // N, packed_row_words(K, P)]: pushed lists
-              of saturated ranks, slot = popcount(mask & ((1 << q) - 1)).
+      recv    int32 [max_rows, K // N, packed_row_words(L, P)]: pushed lists
+              of saturated ranks (L = format.list_len(K), K rounded up to
+              32), slot = popcount(mask & ((1 << q) - 1)).
       flags   int32 [2, W, max_rows]: [0, q, t] = epoch of q's round-1 row t,
               [1, q, t] = epoch of q's pushed list for row t.
       staging int32 [max_rows, words]: this rank's round-1 rows (the merge
@@ -93,7 +94,8 @@ class DcpTopkWorkspace:
         self.timeout_s = timeout_s
         self.pdl = pdl  # kernels launched as programmatic dependents of the one before (GPUs)
         self.row_words = fmt.packed_row_words(local_topk, self.planes)
-        self.push_words = fmt.packed_row_words(topk, self.planes)
+        self.list_len = fmt.list_len(topk)
+        self.push_words = fmt.packed_row_words(self.list_len, self.planes)
         self.slots = fmt.rescue_slots(topk, local_topk)
         w = self.world_size
         self.gather = group.alloc_symmetric((2, w, max_rows, self.row_words), torch.int32)
@@ -108,7 +110,7 @@ class DcpTopkWorkspace:
         if impl == "triton":  # the kernels' scratch, so that no merge allocates
             from .kernels import keys, pack, select
 
-            words = max(pack.plan(n, max_local_len).scratch_words for n in (local_topk, topk))
+            words = max(pack.plan(n, max_local_len).scratch_words for n in (local_topk, self.list_len))
             self.scratch = torch.empty((max_rows, words), dtype=torch.int32, device=self.device)
             self.arrivals = torch.zeros(max_rows, dtype=torch.int32, device=self.device)  # left as found
             self.ties = torch.empty((max_rows, keys.TIE_TILE), dtype=torch.int64, device=self.device)

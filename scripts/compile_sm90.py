@@ -30,7 +30,8 @@ from nvshmem_topk.kernels import exchange, pack, select
 from nvshmem_topk.protocol import RowsOutput
 
 HOPPER = GPUTarget("cuda", 90, 32)
-_TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
+_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
+          torch.int64: "*i64"}
 
 
 def _signature(value):
@@ -66,7 +67,7 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
     ptrs, pes = torch.zeros(world_size, dtype=torch.int64), torch.zeros(world_size, **i32)
     slots = fmt.rescue_slots(topk, local_topk)
     gid_bits = fmt.global_id_bits(world_size, interleave, width)
-    for n, list_slots in ((local_topk, 0), (topk, slots)):
+    for n, list_slots in ((local_topk, 0), (fmt.list_len(topk), slots)):
         out = torch.zeros(rows, fmt.packed_row_words(n, planes), **i32)
         scratch, arrivals = pack.scratch_for(rows, n, width, "cpu")
         publish = pack.Publish(epochs, ptrs, ptrs, pes, max_rows, 0, world_size, sat=sat, list_slots=list_slots,
@@ -109,7 +110,7 @@ def compile_one(launch, extern_libs=None) -> dict:
 
 
 CONFIGS = ((8, 2048, 384, torch.bfloat16), (16, 4096, 384, torch.bfloat16), (1, 2048, 3072, torch.bfloat16),
-           (3, 96, 32, torch.float32))
+           (3, 96, 32, torch.float32), (4, 3000, 1152, torch.float16))
 
 
 def main(device_library: str | None = None) -> list[dict]:

@@ -27,8 +27,8 @@ def drive(logits, ends, *, topk, local_topk, interleave=1, impl="reference", sor
     outs = [nt.RowsOutput(req_id, table, block_size, stride_rows,
                           torch.full((rows, topk + 2), -7, dtype=torch.int32, device=device),
                           torch.full((rows,), -7, dtype=torch.int32, device=device)) for _ in range(world)]
-    packed = [nt.dcp_topk_pack(logits[r], ends[r], local_topk=local_topk, max_local_len=max(width, 1), impl=impl)
-              for r in range(world)]
+    packed = [nt.dcp_topk_pack(logits[r], ends[r], local_topk=wss[r].local_topk, max_local_len=max(width, 1),
+                               impl=impl) for r in range(world)]
     state["packed"] = torch.stack(packed)
     for r, ws in enumerate(wss):
         nt.dcp_topk_exchange(packed[r], workspace=ws)

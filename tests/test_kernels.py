@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import nvshmem_topk as nt
 from nvshmem_topk.testing import families, special_value_case
 from drive import STAGES, drive
 from oracle import assert_exact, oracle_topk
@@ -94,7 +95,6 @@ def test_merge_whose_finish_pushes_matches_reference(world_size, device):
     """The merge as a serving call runs it (simulate_dcp_topk_merge, not
     stage by stage): the pack's finish pushes each row and raises the flags,
     with no push kernel. Every family against the reference and the oracle."""
-    import nvshmem_topk as nt
 
     for name, logits, ends, k, n, inter in families(world_size, seed=4, rows=3, width=200, topk=64):
         got = nt.simulate_dcp_topk_merge(logits.to(device), ends.to(device), topk=k, local_topk=n,
@@ -105,14 +105,19 @@ def test_merge_whose_finish_pushes_matches_reference(world_size, device):
 
 
 @needs_triton
-@pytest.mark.parametrize("topk,local_topk", [(96, 32), (160, 64)])
-def test_topk_not_a_power_of_two(topk, local_topk, device):
+@pytest.mark.parametrize("topk,local_topk", [(1, 1), (7, 3), (45, 20), (96, 32), (160, 64)])
+def test_any_topk_and_local_topk_match_reference(topk, local_topk, device):
+    """K need not be a multiple of 32 nor a power of 2, N is rounded up to
+    32; from K = 45 a rank saturates in "saturated_max" (its pushed list
+    holds K rounded up to 32) and the rescue runs."""
     for name, logits, ends, _, _, inter in families(3, seed=8, rows=2, width=300, topk=topk):
         if name not in ("random", "saturated_max", "all_equal", "fewer_valid_than_k"):
             continue
         got = _same_at_every_stage(logits.to(device), ends.to(device), topk=topk, local_topk=local_topk,
                                    interleave=inter)
         assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, topk, inter), context=name)
+        if name == "saturated_max" and topk >= 45:
+            assert (got["sat"].cpu() >> 47 != 0).all(), "a rank is saturated on every row"
 
 
 @needs_triton
@@ -129,17 +134,18 @@ def test_sorted_output_and_planes_match_reference(device):
 
 
 @needs_triton
-@pytest.mark.parametrize("world_size,width", [(3, 6000), (8, 4000)])
-def test_k4096_with_saturation_matches_reference(world_size, width, device):
+@pytest.mark.parametrize("world_size,width,topk", [(3, 6000, 4096), (8, 4000, 4096), (3, 6000, 3000),
+                                                    (4, 4000, 2047)])
+def test_large_k_with_saturation_matches_reference(world_size, width, topk, device):
     gen = torch.Generator().manual_seed(world_size)
     logits = torch.randn(world_size, 2, width, generator=gen).bfloat16()
     logits[0, 0, :8192] += 6.0  # rank 0 saturated on row 0
     logits[:, 1] = 1.0
     ends = torch.randint(width // 2, width + 1, (world_size, 2), generator=gen, dtype=torch.int32)
-    n = -(-(3 * 4096 // (2 * world_size)) // 32) * 32
-    got = _same_at_every_stage(logits.to(device), ends.to(device), topk=4096, local_topk=n)
+    n = nt.default_local_topk(topk, world_size)
+    got = _same_at_every_stage(logits.to(device), ends.to(device), topk=topk, local_topk=n)
     assert (got["sat"][:, 0] >> 47).tolist() == [1] * world_size
-    assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, 4096))
+    assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, topk))
 
 
 def _sampled_groups(n: int, width: int) -> torch.Tensor:
@@ -424,7 +430,6 @@ def test_property_kernels_match_reference_stage_by_stage(device, world_size, row
 @needs_triton
 @pytest.mark.parametrize("world_size,rows,width", [(2, 3, 0), (2, 0, 100), (1, 2, 1), (3, 1, 31)])
 def test_empty_and_tiny_shapes(world_size, rows, width, device):
-    import nvshmem_topk as nt
 
     logits = torch.randn(world_size, rows, width, generator=torch.Generator().manual_seed(1)).bfloat16()
     ends = torch.full((world_size, rows), width, dtype=torch.int32)
@@ -468,7 +473,6 @@ def test_fp16_scores_rank_in_fp16_order_with_int64_row_ends(device):
 
 @needs_triton
 def test_pack_indices_kernel_matches_reference(device):
-    import nvshmem_topk as nt
     from nvshmem_topk import reference
 
     for _, logits, ends, _, n, _ in families(1, seed=3, rows=3, width=300, topk=64):
@@ -482,7 +486,6 @@ def test_pack_indices_kernel_matches_reference(device):
 
 @needs_triton
 def test_kernel_timeout_records_status_and_raises(device):
-    import nvshmem_topk as nt
 
     group = nt.SimulatedGroup(2, device)
     ws = [nt.init_dcp_topk_merge(g, max_rows=1, topk=32, max_local_len=64, timeout_s=0.01, impl="triton")
@@ -509,7 +512,6 @@ def test_rows_after_an_expired_wait_do_not_wait_again(device):
     that each poll until the next status check (32 polls) at most 1.3 s."""
     import time
 
-    import nvshmem_topk as nt
 
     rows, timeout_s = 16, 0.5
     group = nt.SimulatedGroup(2, device)
@@ -534,6 +536,7 @@ def test_rows_after_an_expired_wait_do_not_wait_again(device):
 @pytest.mark.parametrize("world_size,rows,width,topk", [
     (1, 8, 16384, 2048), (2, 64, 65536, 2048), (8, 256, 16384, 2048), (8, 16, 131072, 2048),
     (4, 4, (1 << 17) + 1000, 2048), (16, 8, 8192, 2048), (8, 8, 32768, 4096), (3, 8, 20000, 4096),
+    (4, 16, 32768, 3000), (8, 8, 16384, 2047), (2, 8, 16384, 7),
 ])
 def test_gpu_serving_shapes_match_reference_and_oracle(world_size, rows, width, topk):
     gen = torch.Generator().manual_seed(world_size * rows)
@@ -542,7 +545,7 @@ def test_gpu_serving_shapes_match_reference_and_oracle(world_size, rows, width, 
     logits[:, 1 % rows] = 1.0  # all equal: every full rank saturated
     ends = torch.randint(width // 2, width + 1, (world_size, rows), generator=gen, dtype=torch.int32)
     ends[:, 2 % rows] = 7
-    n = -(-(3 * topk // (2 * world_size)) // 32) * 32
+    n = nt.default_local_topk(topk, world_size)
     got = _same_at_every_stage(logits.cuda(), ends.cuda(), topk=topk, local_topk=n)
     assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, topk))
 
@@ -552,7 +555,6 @@ def test_gpu_serving_shapes_match_reference_and_oracle(world_size, rows, width, 
 def test_select_alone_reads_the_rows_of_the_merge(impl, device):
     """SimulatedMerge.select_alone (what the benchmarks time) selects over
     the merged rows, not over a gather buffer no merge wrote."""
-    import nvshmem_topk as nt
     from nvshmem_topk.timing import SimulatedMerge
 
     logits = torch.randn(3, 2, 300, generator=torch.Generator().manual_seed(4)).bfloat16()
@@ -575,7 +577,6 @@ def test_a_merge_allocates_nothing_in_the_kernels_launchers(monkeypatch, device)
     allocate, a merge with saturated ranks still runs, exact."""
     import types
 
-    import nvshmem_topk as nt
     from nvshmem_topk.kernels import exchange, pack, select
     from nvshmem_topk.timing import SimulatedMerge
 

@@ -177,7 +177,7 @@ def test_local_lengths_past_2_pow_16_and_17(width, world_size):
     assert_exact(ids, oracle_topk(logits, ends, 256))
 
 
-@pytest.mark.parametrize("topk,world_size", [(4096, 2), (4096, 16), (32, 16)])
+@pytest.mark.parametrize("topk,world_size", [(4096, 2), (4096, 16), (32, 16), (3000, 4), (2047, 8), (7, 2), (1, 16)])
 def test_large_and_small_k(topk, world_size):
     gen = torch.Generator().manual_seed(topk + world_size)
     logits = torch.randn(world_size, 2, 3000, generator=gen).bfloat16()
