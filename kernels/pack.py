@@ -171,23 +171,26 @@ def _load_tokens(ptrs, inside, WHOLE: tl.constexpr):
 
 
 @triton.jit
-def _block_tokens(logits_ptr, row, logits_stride, block, end):
-    """(scores, local ids) of a block, as [BLOCK / 8, 8]: a thread loads 8
-    adjacent tokens at once (16 bytes of bf16), unmasked when the block is
-    wholly inside the row."""
+def _block_tokens(logits_ptr, row, logits_stride, block, start, end):
+    """(scores, local ids) of a block, as [BLOCK / 8, 8], NaN outside the
+    row's valid tokens [start, end): a thread loads 8 adjacent tokens at
+    once (16 bytes of bf16), unmasked when the block is wholly inside."""
     local = block * BLOCK + tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
     ptrs = logits_ptr + row * logits_stride + local
-    if (block + 1) * BLOCK <= end:
+    if (block * BLOCK >= start) & ((block + 1) * BLOCK <= end):
         x = _load_tokens(ptrs, local < end, True)
     else:
-        x = _load_tokens(ptrs, local < end, False)
+        x = _load_tokens(ptrs, (local >= start) & (local < end), False)
     return x, local
 
 
 @triton.jit
-def _row_end(row_ends_ptr, row, width_limit):
-    """Row ``row``'s valid length (row_ends int32 or int64), as int32."""
-    return tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit).to(tl.int32)
+def _row_window(row_starts_ptr, row_ends_ptr, row, width_limit):
+    """(start, end): row ``row``'s valid tokens [start, end) (row starts and
+    ends int32 or int64), clamped to [0, width_limit], as int32."""
+    end = tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit)
+    start = tl.minimum(tl.maximum(tl.load(row_starts_ptr + row), 0), end)
+    return start.to(tl.int32), end.to(tl.int32)
 
 
 @triton.jit
@@ -302,9 +305,11 @@ def _zero_row(out_row, WORDS: tl.constexpr, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
-    """(probe, floor) of a row, from groups of 8 adjacent tokens spread
-    evenly over it, enough that about SAMPLE_RANK sampled tokens are
+def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr):
+    """(probe, floor) of a row's valid tokens [start, end), from groups of 8
+    adjacent tokens spread evenly over them (from ``start`` rounded down to
+    8, so that every group is 16-byte aligned; tokens before it count
+    nothing), enough that about SAMPLE_RANK sampled tokens are
     expected in its top N (at most GROUPS). The row's N-th score is expected
     at rank r of the sample; the floor is the lowest score of the bin that
     holds rank r_lo = r + 4 sqrt(2 r) + 4 (four standard deviations, the
@@ -317,15 +322,19 @@ def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
     masked tails), it is the probe and the floor moves above it; otherwise
     the probe is the r-th score where more than 8 sampled tokens share its
     level, else none."""
-    groups = tl.minimum((SAMPLE_RANK * end + 8 * N - 1) // (8 * N), tl.minimum(end // 8, GROUPS))
+    base = start // 8 * 8
+    length = end - base
+    groups = tl.minimum((SAMPLE_RANK * length + 8 * N - 1) // (8 * N), tl.minimum(length // 8, GROUPS))
     g = tl.arange(0, GROUPS)
     # Groups past ``groups`` re-read the last one (every 16-byte load stays
     # inside the row, unmasked) and count nothing.
-    start = (tl.minimum(g, groups - 1).to(tl.int64) * end) // groups // 8 * 8
-    score = _order(tl.load(in_row + start[:, None] + tl.arange(0, 8)[None, :]))
-    score = tl.reshape(tl.where((g < groups)[:, None], score, 0), (GROUPS * 8,), can_reorder=True)
+    first = base + (tl.minimum(g, groups - 1).to(tl.int64) * length) // groups // 8 * 8
+    local = first[:, None] + tl.arange(0, 8)[None, :]
+    score = _order(tl.load(in_row + local))
+    score = tl.reshape(tl.where((g < groups)[:, None] & (local >= start), score, 0), (GROUPS * 8,),
+                       can_reorder=True)
     valid = score != 0
-    r = tl.maximum((N * 8 * groups + end - 1) // end, 1).to(tl.int32)
+    r = tl.maximum((N * 8 * groups + length - 1) // length, 1).to(tl.int32)
     r_lo = r + tl.ceil(tl.sqrt(2.0 * r.to(tl.float32)) * SIGMAS).to(tl.int32) + SIGMAS
     top = tl.max(tl.where(valid, score >> 1, 0), axis=0)
     hist = tl.histogram(near_bin(top, score >> 1), NEAR_BINS, mask=valid)
@@ -359,21 +368,21 @@ def _sampled_estimate(in_row, end, N: tl.constexpr, GROUPS: tl.constexpr):
 def estimate_kernel(out_ptr, scratch_ptr, rows, width_limit, N: tl.constexpr, WORDS: tl.constexpr, SLOTS: tl.constexpr,
                     LIST: tl.constexpr, GROUPS: tl.constexpr, ROOM: tl.constexpr, PDL: tl.constexpr):
     """The row's floor and probe into its scratch; its output row zeroed.
-    ``rows``: (logits_ptr, row_ends_ptr, sat_ptr, logits_stride,
-    scratch_stride, rank) and ``width_limit`` (the call's width, at most
+    ``rows``: (logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr,
+    logits_stride, scratch_stride, rank) and ``width_limit`` (the call's width, at most
     max_local_len), the same in every kernel of the pipeline."""
-    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
+    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     active, offset = _target(row, sat_ptr, rank, WORDS, SLOTS, LIST)
     if active:
         _zero_row(out_ptr + offset, WORDS, 1024)
         scratch = scratch_ptr + row * scratch_stride
-        end = _row_end(row_ends_ptr, row, width_limit)
+        start, end = _row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
         probe = tl.zeros((), dtype=tl.int32)
         floor = tl.zeros((), dtype=tl.int32)
-        if end > ROOM:  # shorter rows: every valid token is a candidate
-            probe, floor = _sampled_estimate(logits_ptr + row * logits_stride, end, N, GROUPS)
+        if end - start > ROOM:  # fewer: every valid token is a candidate
+            probe, floor = _sampled_estimate(logits_ptr + row * logits_stride, start, end, N, GROUPS)
         tl.store(scratch + FLOOR, tl.maximum(floor, MIN_VALID))
         tl.store(scratch + PROBE, probe)
 
@@ -450,28 +459,31 @@ HALF = tl.constexpr(BLOCK.value // 2)  # tokens a filter program filters at once
 
 
 @triton.jit
-def _half_pairs(row_ptr, block, half, end):
+def _half_pairs(row_ptr, block, half, start, end):
     """(int32 pairs of tokens, their word ids) of half a block of a bf16
     row, as [HALF / 8, 4]: a thread loads 4 words (8 adjacent tokens) at
-    once; NaN past the end. A row that ends inside a pair has its last
-    token read alone, so that nothing past it is read. Needs an even row
-    stride and a 4-byte aligned base."""
+    once; NaN outside the valid tokens [start, end). A row that ends inside
+    a pair has its last token read alone, so that nothing past it is read
+    (a pair that starts before ``start`` is read whole: it lies inside the
+    row). Needs an even row stride and a 4-byte aligned base."""
     w = block * (BLOCK // 2) + half * (HALF // 2) + tl.arange(0, HALF // 8)[:, None] * 4 + tl.arange(0, 4)[None, :]
     ptrs = row_ptr.to(tl.pointer_type(tl.int32)) + w
-    if (block + 1) * BLOCK <= end:
+    if (block * BLOCK >= start) & ((block + 1) * BLOCK <= end):
         pair = tl.load(ptrs)
     else:
-        pair = tl.load(ptrs, mask=2 * w + 1 < end, other=0x7FC07FC0)
-        lone = tl.load(row_ptr + 2 * w, mask=2 * w + 1 == end, other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
+        pair = tl.load(ptrs, mask=(2 * w + 1 < end) & (2 * w + 1 >= start), other=0x7FC07FC0)
+        lone = tl.load(row_ptr + 2 * w, mask=(2 * w + 1 == end) & (2 * w >= start),
+                       other=float("nan")).to(tl.int16, bitcast=True).to(tl.int32)
         pair = tl.where(2 * w + 1 == end, (lone & 0xFFFF) | 0x7FC00000, pair)
+        pair = tl.where(2 * w < start, (pair & -0x10000) | 0x7FC0, pair)  # the low half, the even token: before start
     return pair, w
 
 
 @triton.jit
-def _block_pairs(row_ptr, block, end):
+def _block_pairs(row_ptr, block, start, end):
     """Both halves of a block (``_half_pairs``), loaded at once."""
-    pair_0, w_0 = _half_pairs(row_ptr, block, 0, end)
-    pair_1, w_1 = _half_pairs(row_ptr, block, 1, end)
+    pair_0, w_0 = _half_pairs(row_ptr, block, 0, start, end)
+    pair_1, w_1 = _half_pairs(row_ptr, block, 1, start, end)
     return pair_0, w_0, pair_1, w_1
 
 
@@ -530,29 +542,29 @@ def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_
     order, to its region (the first REGION of them: a block with more has
     more candidates than any row that is settled from them). PAIRS: bf16
     rows read two tokens a word (``_filter_pairs``)."""
-    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
+    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
-    end = _row_end(row_ends_ptr, row, width_limit)
+    start, end = _row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
     if LIST:  # only the saturated rows, known once the select has run
         after_prior_kernel(PDL)
         if _target(row, sat_ptr, rank, 1, 1, LIST)[0]:
             if PAIRS:
-                _filter_pairs(scratch, _block_pairs(logits_ptr + row * logits_stride, block, end), block, REGION,
-                              REGIONS_AT)
+                _filter_pairs(scratch, _block_pairs(logits_ptr + row * logits_stride, block, start, end), block,
+                              REGION, REGIONS_AT)
             else:
-                x, local = _block_tokens(logits_ptr, row, logits_stride, block, end)
+                x, local = _block_tokens(logits_ptr, row, logits_stride, block, start, end)
                 _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
     elif PAIRS:
         # The logits and row ends were written before the estimate, which
         # waited for them before this kernel could launch: the block is read
         # while the estimate still runs, and only its floor waits for it.
-        pairs = _block_pairs(logits_ptr + row * logits_stride, block, end)
+        pairs = _block_pairs(logits_ptr + row * logits_stride, block, start, end)
         after_prior_kernel(PDL)
         _filter_pairs(scratch, pairs, block, REGION, REGIONS_AT)
     else:
-        x, local = _block_tokens(logits_ptr, row, logits_stride, block, end)
+        x, local = _block_tokens(logits_ptr, row, logits_stride, block, start, end)
         after_prior_kernel(PDL)
         _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
 
@@ -589,12 +601,13 @@ def _settle(scratch, blocks, N: tl.constexpr, ROOM: tl.constexpr, BLOCKS_P2: tl.
 
 
 @triton.jit
-def _write_block(out_row, logits_ptr, row, logits_stride, block, end, threshold, take, offset, N: tl.constexpr,
-                 PLANES: tl.constexpr):
+def _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold, take, offset,
+                 N: tl.constexpr, PLANES: tl.constexpr):
     """The block's tokens above the threshold and its first ``take``
     threshold ties, in order, into the packed row from slot ``offset``.
-    Returns (tokens written, threshold ties seen)."""
-    x, local = _block_tokens(logits_ptr, row, logits_stride, block, end)
+    Returns (tokens written, threshold ties seen). ``window``: the row's
+    valid tokens (start, end)."""
+    x, local = _block_tokens(logits_ptr, row, logits_stride, block, window[0], window[1])
     score = _order(x)
     valid = score != 0
     tie = valid & (score == threshold)
@@ -610,7 +623,7 @@ def _write_block(out_row, logits_ptr, row, logits_stride, block, end, threshold,
 
 
 @triton.jit
-def _write_span(out_row, logits_ptr, row, logits_stride, span, blocks, end, threshold, quota, offset, ties_before,
+def _write_span(out_row, logits_ptr, row, logits_stride, span, blocks, window, threshold, quota, offset, ties_before,
                 kept, equal, KNOWN: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr,
                 SPAN: tl.constexpr):
     """The span's blocks' kept tokens, in order, from slot ``offset``; the
@@ -625,12 +638,12 @@ def _write_span(out_row, logits_ptr, row, logits_stride, span, blocks, end, thre
             if KNOWN:
                 mine = b == block
                 if tl.sum(tl.where(mine, kept, 0), axis=0) > 0:
-                    _write_block(out_row, logits_ptr, row, logits_stride, block, end, threshold,
+                    _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold,
                                  tl.maximum(quota - ties_before, 0), offset, N, PLANES)
                 offset += tl.sum(tl.where(mine, kept, 0), axis=0)
                 ties_before += tl.sum(tl.where(mine, equal, 0), axis=0)
             else:
-                written, ties = _write_block(out_row, logits_ptr, row, logits_stride, block, end, threshold,
+                written, ties = _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold,
                                              tl.maximum(quota - ties_before, 0), offset, N, PLANES)
                 offset += written
                 ties_before += ties
@@ -728,13 +741,13 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
     span histograms its high bytes for the radix steps. ``peers``:
     (arrivals_ptr, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows),
     where finished rows go (``Publish``)."""
-    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
+    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     words: tl.constexpr = N + PLANES * (N // 32)
     span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
     if active:
         scratch = scratch_ptr + row * scratch_stride
-        end = _row_end(row_ends_ptr, row, width_limit)
+        window = _row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
         blocks = tl.cdiv(tl.maximum(width_limit, 1), BLOCK)
         mode, listed, threshold, quota, greater, equal = _settle(scratch, blocks, N, 2 * TILE, BLOCKS_P2)
         if span == 0:
@@ -750,20 +763,20 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
             before = b < span * SPAN
             mine = (b >= span * SPAN) & (b < span * SPAN + SPAN)
             if tl.sum(tl.where(mine, kept, 0), axis=0) > 0:  # spans with nothing to keep read nothing
-                _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span, blocks, end, threshold, quota,
+                _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span, blocks, window, threshold, quota,
                             tl.sum(tl.where(before, kept, 0), axis=0), tl.sum(tl.where(before, equal, 0), axis=0),
                             kept, equal, True, N, PLANES, BLOCKS_P2, SPAN)
             _publish_when_last(out_ptr, offset, row, spans, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
         else:
-            _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, end, 0, 0, False,
-                            SPAN)
+            _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, window, 0, 0,
+                            False, SPAN)
 
 
 # -------------------------------------------------------------------- radix
 
 
 @triton.jit
-def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, end, high, AT: tl.constexpr,
+def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, window, high, AT: tl.constexpr,
                     SELECT_LOW: tl.constexpr, SPAN: tl.constexpr):
     """The span's histogram of the high byte of its scores (or, with
     SELECT_LOW, of the low byte of those whose high byte is ``high``), to
@@ -772,7 +785,7 @@ def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, en
     for j in tl.static_range(SPAN):
         block = span * SPAN + j
         if block < blocks:
-            x, _ = _block_tokens(logits_ptr, row, logits_stride, block, end)
+            x, _ = _block_tokens(logits_ptr, row, logits_stride, block, window[0], window[1])
             score = tl.reshape(_order(x), (BLOCK,))
             hist += _histogram(score, score != 0, high, SELECT_LOW)
     tl.store(histograms + span * 512 + AT + tl.arange(0, 256), hist)
@@ -794,7 +807,7 @@ def radix_low_kernel(scratch_ptr, rows, width_limit, N: tl.constexpr, LIST: tl.c
                      SPAN: tl.constexpr, PDL: tl.constexpr):
     """Radix rows: the boundary bucket of the high byte over the row, then
     the span's histogram of the low byte inside it."""
-    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
+    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     span = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -804,8 +817,8 @@ def radix_low_kernel(scratch_ptr, rows, width_limit, N: tl.constexpr, LIST: tl.c
             histograms = scratch + HISTOGRAMS_AT
             high, _, _ = radix_boundary(_summed(histograms, tl.num_programs(0), 0), N)
             _span_histogram(histograms, logits_ptr, row, logits_stride, span,
-                            tl.cdiv(tl.maximum(width_limit, 1), BLOCK), _row_end(row_ends_ptr, row, width_limit), high,
-                            256, True, SPAN)
+                            tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
+                            _row_window(row_starts_ptr, row_ends_ptr, row, width_limit), high, 256, True, SPAN)
 
 
 @_any_width
@@ -814,7 +827,7 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.con
                        WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Radix rows: the threshold from the two byte histograms, each span's
     tokens above it and tied with it from its own, then its kept tokens."""
-    logits_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
+    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     words: tl.constexpr = N + PLANES * (N // 32)
     span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
@@ -839,8 +852,9 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.con
                 ties_before += equal
                 s += 1
             _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span,
-                        tl.cdiv(tl.maximum(width_limit, 1), BLOCK), _row_end(row_ends_ptr, row, width_limit),
-                        high * 256 + low, quota, start, ties_before, digit, digit, False, N, PLANES, 256, SPAN)
+                        tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
+                        _row_window(row_starts_ptr, row_ends_ptr, row, width_limit), high * 256 + low, quota, start,
+                        ties_before, digit, digit, False, N, PLANES, 256, SPAN)
             _publish_when_last(out_ptr, offset, row, spans, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
 
 
@@ -872,7 +886,7 @@ def _planes(words: int, n: int) -> int:
     return (words - n) // (n // 32)
 
 
-def pipeline(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
+def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
              publish: Publish | None = None, pdl: bool = False) -> list[Launch]:
     """The five launches of ``select_local`` (none for no rows)."""
     rows, width = logits.shape
@@ -885,7 +899,8 @@ def pipeline(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arri
     words = out.shape[-1]
     pub = publish or Publish(row_ends, row_ends, row_ends, row_ends, 0, 0, 0)  # no peers: never read (WORLD = 0)
     listing = pub.list_slots > 0
-    rows_arg = (logits, row_ends, pub.sat if listing else row_ends, logits.stride(0), scratch.stride(0), pub.rank)
+    rows_arg = (logits, row_starts, row_ends, pub.sat if listing else row_ends, logits.stride(0), scratch.stride(0),
+                pub.rank)
     peers_arg = (arrivals, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, pub.max_rows)
     target = dict(N=n, PLANES=_planes(words, n), SLOTS=max(pub.list_slots, 1), LIST=listing, PDL=pdl)
     peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers)
@@ -906,10 +921,11 @@ def pipeline(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arri
     ]
 
 
-def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
+def select_local(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
                  publish: Publish | None = None, pdl: bool = False) -> None:
-    """The packed local top-``n`` of every row of ``logits`` [T, S] (bf16 or
-    fp32, stride(1) == 1; row_ends int32 [T]) into ``out``: int32
+    """The packed local top-``n`` of every row of ``logits`` [T, S] (bf16,
+    fp16 or fp32, stride(1) == 1; tokens row_starts[t] <= l < row_ends[t]
+    valid, each [T] int32 or int64) into ``out``: int32
     [T, n + P*n/32] (round 1), or, for pushed lists, the receive buffer
     [max_rows, slots, n + P*n/32] (rows where this rank is saturated only).
     scratch: int32 [>= T, plan(n, max_local_len).scratch_words] (enough for
@@ -917,7 +933,7 @@ def select_local(out, logits, row_ends, *, n: int, max_local_len: int, scratch, 
     int32 [>= T], zero between calls (the kernels leave them so). pdl:
     launch each kernel as a programmatic dependent of the one before it
     (GPUs only)."""
-    for launch in pipeline(out, logits, row_ends, n=n, max_local_len=max_local_len, scratch=scratch,
+    for launch in pipeline(out, logits, row_starts, row_ends, n=n, max_local_len=max_local_len, scratch=scratch,
                            arrivals=arrivals, publish=publish, pdl=pdl):
         launch()
 
@@ -928,19 +944,19 @@ def scratch_for(rows: int, n: int, max_local_len: int, device) -> tuple[torch.Te
             torch.zeros(rows, dtype=torch.int32, device=device))
 
 
-def pack(out, logits, row_ends, *, local_topk: int, max_local_len: int, push: Publish | None = None,
+def pack(out, logits, row_starts, row_ends, *, local_topk: int, max_local_len: int, push: Publish | None = None,
          scratch=None, pdl: bool = False) -> None:
     """Round 1: out int32 [T, N + P*N/32] (P read off its width). ``push``,
     when given (every peer reached by address), also pushes each finished
     row to every peer's gather buffer and raises its flag. ``scratch``:
     (scratch, arrivals) as ``scratch_for`` makes them."""
     scratch, arrivals = scratch or scratch_for(logits.shape[0], local_topk, max_local_len, out.device)
-    select_local(out, logits, row_ends, n=local_topk, max_local_len=max_local_len, scratch=scratch,
+    select_local(out, logits, row_starts, row_ends, n=local_topk, max_local_len=max_local_len, scratch=scratch,
                  arrivals=arrivals, publish=push, pdl=pdl)
 
 
 @_any_width
-def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_ends_ptr, logits_stride, idx_stride,
+def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_starts_ptr, row_ends_ptr, logits_stride, idx_stride,
                         width_limit, N: tl.constexpr, PLANES: tl.constexpr, GROUPS: tl.constexpr,
                         PDL: tl.constexpr):
     """Slot j of the output keeps candidate j of ``idx``; 32 slots a group,
@@ -948,7 +964,7 @@ def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_ends_ptr, logits_strid
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     words: tl.constexpr = N + PLANES * (N // 32)
-    end = _row_end(row_ends_ptr, row, width_limit)
+    start, end = _row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
     out_row = out_ptr + row * words
     lane = tl.arange(0, 32)
     for g0 in tl.range(0, N // 32, GROUPS):
@@ -956,7 +972,7 @@ def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_ends_ptr, logits_strid
         slot = group[:, None] * 32 + lane[None, :]
         in_range = (group < N // 32)[:, None] & (lane >= 0)[None, :]
         local = tl.load(idx_ptr + row * idx_stride + slot, mask=in_range, other=-1)
-        inside = (local >= 0) & (local < end)
+        inside = (local >= start) & (local < end)
         bits = score_bits(logits_ptr + row * logits_stride + tl.where(inside, local, 0), inside)
         present = inside & ~is_nan_bits(bits)
         tl.store(out_row + slot, tl.where(present, packed_word(ord16(bits), local), 0), mask=in_range)
@@ -966,14 +982,16 @@ def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_ends_ptr, logits_strid
             tl.store(out_row + N + p * (N // 32) + group, plane, mask=group < N // 32)
 
 
-def pack_indices_launch(out, logits, local_idx, row_ends, *, max_local_len: int, pdl: bool = False) -> Launch:
+def pack_indices_launch(out, logits, local_idx, row_starts, row_ends, *, max_local_len: int,
+                        pdl: bool = False) -> Launch:
     rows, width = logits.shape
     n = local_idx.shape[1]
     return Launch(pack_indices_kernel, (rows,),
-                  (out, logits, local_idx, row_ends, logits.stride(0), local_idx.stride(0), min(width, max_local_len)),
+                  (out, logits, local_idx, row_starts, row_ends, logits.stride(0), local_idx.stride(0),
+                   min(width, max_local_len)),
                   dict(N=n, PLANES=_planes(out.shape[1], n), GROUPS=8, PDL=pdl), 4)
 
 
-def pack_indices(out, logits, local_idx, row_ends, *, max_local_len: int, pdl: bool = False) -> None:
+def pack_indices(out, logits, local_idx, row_starts, row_ends, *, max_local_len: int, pdl: bool = False) -> None:
     if logits.shape[0]:
-        pack_indices_launch(out, logits, local_idx, row_ends, max_local_len=max_local_len, pdl=pdl)()
+        pack_indices_launch(out, logits, local_idx, row_starts, row_ends, max_local_len=max_local_len, pdl=pdl)()

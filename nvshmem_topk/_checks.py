@@ -46,15 +46,22 @@ def check_tensor(name: str, t, dtypes, dim: int, device: torch.device | None = N
         raise ValueError(f"{name} must be on {device}, got {t.device}")
 
 
-def check_logits(logits, row_ends, rows: int | None = None, device=None) -> int:
-    """Checks [T, S] logits and [>= T] row_ends; returns T."""
+def _row_bounds(row_ends, row_starts) -> list[tuple[str, object]]:
+    """(name, tensor) of the row ends and, when given, the row starts."""
+    return [("row_ends", row_ends)] + ([("row_starts", row_starts)] if row_starts is not None else [])
+
+
+def check_logits(logits, row_ends, rows: int | None = None, device=None, row_starts=None) -> int:
+    """Checks [T, S] logits and [>= T] row_ends (and row_starts, if given);
+    returns T."""
     check_tensor("logits", logits, LOGIT_DTYPES, 2, device)
     rows = logits.shape[0] if rows is None else rows
     if logits.shape[0] < rows:
         raise ValueError(f"logits must have >= {rows} rows, got shape {tuple(logits.shape)}")
-    check_tensor("row_ends", row_ends, END_DTYPES, 1, logits.device)
-    if row_ends.shape[0] < rows:
-        raise ValueError(f"row_ends must have >= {rows} entries, got {row_ends.shape[0]}")
+    for name, bounds in _row_bounds(row_ends, row_starts):
+        check_tensor(name, bounds, END_DTYPES, 1, logits.device)
+        if bounds.shape[0] < rows:
+            raise ValueError(f"{name} must have >= {rows} entries, got {bounds.shape[0]}")
     return rows
 
 
@@ -157,30 +164,32 @@ def check_settings(group, *, max_rows, topk, local_topk, max_local_len, interlea
     return local_topk, impl
 
 
-def check_stage(workspace, logits, row_ends, num_rows: int, ids_out, rows, sorted) -> tuple[DcpTopkWorkspace, Outputs]:
+def check_stage(workspace, logits, row_ends, num_rows: int, ids_out, rows, sorted,
+                row_starts=None) -> tuple[DcpTopkWorkspace, Outputs]:
     """A select's or rescue's arguments; returns (workspace, outputs)."""
     ws = check_workspace(workspace)
     check_fits(ws, num_rows)
-    check_logits(logits, row_ends, num_rows, ws.device)
+    check_logits(logits, row_ends, num_rows, ws.device, row_starts)
     return ws, check_outputs(ws, num_rows, ids_out, rows, sorted)
 
 
-def check_merge(workspace, logits, row_ends) -> tuple[DcpTopkWorkspace, int]:
+def check_merge(workspace, logits, row_ends, row_starts=None) -> tuple[DcpTopkWorkspace, int]:
     """A one-rank merge's workspace and inputs; returns (workspace, T)."""
     ws = check_workspace(workspace)
-    rows = check_logits(logits, row_ends, None, ws.device)
+    rows = check_logits(logits, row_ends, None, ws.device, row_starts)
     check_fits(ws, rows)
     check_single_rank(ws)
     return ws, rows
 
 
-def check_simulated(logits, row_ends, topk: int, local_topk: int | None) -> int:
+def check_simulated(logits, row_ends, topk: int, local_topk: int | None, row_starts=None) -> int:
     """A simulated merge's [W, T, S] inputs and sizes; returns N."""
     check_tensor("logits", logits, LOGIT_DTYPES, 3)
     world_size, rows, width = logits.shape
-    check_tensor("row_ends", row_ends, END_DTYPES, 2, logits.device)
-    if tuple(row_ends.shape) != (world_size, rows):
-        raise ValueError(f"row_ends must be [{world_size}, {rows}], got {tuple(row_ends.shape)}")
+    for name, bounds in _row_bounds(row_ends, row_starts):
+        check_tensor(name, bounds, END_DTYPES, 2, logits.device)
+        if tuple(bounds.shape) != (world_size, rows):
+            raise ValueError(f"{name} must be [{world_size}, {rows}], got {tuple(bounds.shape)}")
     local_topk = fmt.default_local_topk(topk, world_size) if local_topk is None else local_topk
     local_topk = check_sizes(topk, local_topk, world_size)
     if width > fmt.MAX_LOCAL_LEN:

@@ -53,18 +53,21 @@ def init_dcp_topk_merge(
 def dcp_topk_pack(
     logits: torch.Tensor, row_ends: torch.Tensor, *, local_topk: int, max_local_len: int,
     out: torch.Tensor | None = None, impl: str | None = None, pdl: bool | None = None,
+    row_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """This rank's round-1 rows: the local top-N by (score desc, local id
-    asc) of ``logits`` [T, S] (bf16 or fp16; fp32 is rounded to bf16) below
-    ``min(row_ends[t], S, max_local_len)``, NaN excluded, packed by ascending
-    local id into int32 [T, packed_row_words(N, P)] (0 = empty slot)."""
-    rows = checks.check_logits(logits, row_ends)
+    asc) of ``logits`` [T, S] (bf16 or fp16; fp32 is rounded to bf16) from
+    ``row_starts[t]`` (default 0) to ``min(row_ends[t], S, max_local_len)``,
+    NaN excluded, packed by ascending local id into int32
+    [T, packed_row_words(N, P)] (0 = empty slot)."""
+    rows = checks.check_logits(logits, row_ends, row_starts=row_starts)
     checks.check_int("local_topk", local_topk, fmt.WARP, None, fmt.WARP)
     checks.check_int("max_local_len", max_local_len, 1, fmt.MAX_LOCAL_LEN)
     words = fmt.packed_row_words(local_topk, fmt.num_planes(max_local_len))
     out = checks.packed_out(out, rows, words, logits.device)
+    starts = row_starts[:rows] if row_starts is not None else None
     backend(resolve_impl(impl, logits.device)).pack(logits[:rows], row_ends[:rows], out, local_topk=local_topk,
-                                                    max_local_len=max_local_len,
+                                                    max_local_len=max_local_len, row_starts=starts,
                                                     pdl=checks.check_pdl(pdl, out.device))
     return out
 
@@ -72,12 +75,14 @@ def dcp_topk_pack(
 def dcp_topk_pack_indices(
     logits: torch.Tensor, local_idx: torch.Tensor, row_ends: torch.Tensor, *, max_local_len: int,
     out: torch.Tensor | None = None, impl: str | None = None, pdl: bool | None = None,
+    row_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Pack a caller's local top-N ``local_idx`` [T, N] int32 (-1 padded, N
-    a multiple of 32) in its order; ids outside [0, min(row_ends, S,
-    max_local_len)) and NaN scores become empty slots. The ids must be a
-    top-N by score for the merge to be exact (``assert_packed_merge_contract``)."""
-    rows = checks.check_logits(logits, row_ends)
+    a multiple of 32) in its order; ids outside [row_starts (default 0),
+    min(row_ends, S, max_local_len)) and NaN scores become empty slots. The
+    ids must be a top-N by score for the merge to be exact
+    (``assert_packed_merge_contract``)."""
+    rows = checks.check_logits(logits, row_ends, row_starts=row_starts)
     checks.check_tensor("local_idx", local_idx, torch.int32, 2, logits.device)
     if local_idx.shape[0] != rows:
         raise ValueError(f"local_idx must have {rows} rows, got {tuple(local_idx.shape)}")
@@ -86,8 +91,9 @@ def dcp_topk_pack_indices(
     words = fmt.packed_row_words(local_idx.shape[1], fmt.num_planes(max_local_len))
     out = checks.packed_out(out, rows, words, logits.device)
     pdl = checks.check_pdl(pdl, out.device)
+    starts = row_starts[:rows] if row_starts is not None else None
     backend(resolve_impl(impl, logits.device)).pack_indices(logits, local_idx, row_ends[:rows], out,
-                                                            max_local_len=max_local_len, pdl=pdl)
+                                                            max_local_len=max_local_len, row_starts=starts, pdl=pdl)
     return out
 
 
@@ -104,15 +110,16 @@ def dcp_topk_exchange(packed: torch.Tensor, *, workspace: DcpTopkWorkspace) -> N
 def dcp_topk_select(
     logits: torch.Tensor, row_ends: torch.Tensor, *, workspace: DcpTopkWorkspace, num_rows: int,
     ids_out: torch.Tensor | None = None, rows: RowsOutput | None = None, sorted: bool = False,
+    row_starts: torch.Tensor | None = None,
 ) -> None:
     """Round 1 on this rank: wait for every rank's rows of this epoch, select
     the top-K of the W*N candidates into ``ids_out`` [T, K] int32 (-1
     padded) and/or ``rows``, record the saturation state and, if this rank
     is saturated on a row, push its local top-K to every rank. Never waits
-    for a rescue. ``logits``/``row_ends`` are this rank's (re-read when
-    saturated)."""
-    ws, out = checks.check_stage(workspace, logits, row_ends, num_rows, ids_out, rows, sorted)
-    backend(ws.impl).select(ws, logits, row_ends, num_rows, out)
+    for a rescue. ``logits``/``row_ends``/``row_starts`` are this rank's
+    (re-read when saturated)."""
+    ws, out = checks.check_stage(workspace, logits, row_ends, num_rows, ids_out, rows, sorted, row_starts)
+    backend(ws.impl).select(ws, logits, row_ends, num_rows, out, row_starts)
 
 
 def dcp_topk_rescue(
@@ -130,58 +137,62 @@ def dcp_topk_rescue(
 
 def dcp_topk_merge(
     logits: torch.Tensor, row_ends: torch.Tensor, topk_indices: torch.Tensor, *,
-    workspace: DcpTopkWorkspace, sorted: bool = False,
+    workspace: DcpTopkWorkspace, sorted: bool = False, row_starts: torch.Tensor | None = None,
 ) -> None:
     """Exact global top-K ids of this rank's ``logits`` [T, S] (bf16 or
-    fp16; fp32 is rounded to bf16) and ``row_ends`` [T] (int32 or int64)
-    over the DCP group into ``topk_indices`` [T, K] int32 (global ids, -1
-    padded; ``sorted`` gives descending score, then ascending id). Collective: every rank calls every merge, in stream order."""
+    fp16; fp32 is rounded to bf16), its tokens ``row_starts[t] <= l <
+    row_ends[t]`` valid (each [T] int32 or int64; no starts: 0), over the
+    DCP group into ``topk_indices`` [T, K] int32 (global ids, -1 padded;
+    ``sorted`` gives descending score, then ascending id). Collective: every
+    rank calls every merge, in stream order."""
     if torch.compiler.is_compiling():  # traced as the custom op, which checks its arguments when it runs
-        torch.ops.nvshmem_topk.merge(logits, row_ends, topk_indices, workspace.handle, sorted)
+        torch.ops.nvshmem_topk.merge(logits, row_ends, topk_indices, workspace.handle, sorted, row_starts)
         return
-    ws, rows = checks.check_merge(workspace, logits, row_ends)
+    ws, rows = checks.check_merge(workspace, logits, row_ends, row_starts)
     out = checks.check_outputs(ws, rows, topk_indices, None, sorted)
-    protocol.run_merge([ws], [logits], [row_ends], [out], rows)
+    protocol.run_merge([ws], [logits], [row_ends], [out], rows, row_starts=[row_starts])
 
 
 def dcp_topk_merge_rows(
     *, logits: torch.Tensor, row_ends: torch.Tensor, workspace: DcpTopkWorkspace,
     req_id: torch.Tensor, block_table: torch.Tensor, block_size: int, stride_rows: int,
     rows_out: torch.Tensor, valid_out: torch.Tensor, ids_out: torch.Tensor | None = None,
-    packed: torch.Tensor | None = None, sorted: bool = False,
+    packed: torch.Tensor | None = None, sorted: bool = False, row_starts: torch.Tensor | None = None,
 ) -> None:
     """The merge straight to this rank's physical KV rows (see
     ``RowsOutput``); ``ids_out`` [T, K] optionally gets the global ids.
     ``packed`` [T, words] int32 replaces the pack with a caller's round-1
-    rows (``dcp_topk_pack_indices``); logits and row_ends are still needed
-    (a saturated rank re-reads its row)."""
+    rows (``dcp_topk_pack_indices``); logits and the row bounds are still
+    needed (a saturated rank re-reads its row)."""
     if torch.compiler.is_compiling():
         torch.ops.nvshmem_topk.merge_rows(logits, row_ends, req_id, block_table, rows_out, valid_out, ids_out, packed,
-                                          workspace.handle, block_size, stride_rows, sorted)
+                                          workspace.handle, block_size, stride_rows, sorted, row_starts)
         return
-    ws, rows = checks.check_merge(workspace, logits, row_ends)
+    ws, rows = checks.check_merge(workspace, logits, row_ends, row_starts)
     spec = RowsOutput(req_id, block_table, block_size, stride_rows, rows_out, valid_out)
     out = checks.check_outputs(ws, rows, ids_out, spec, sorted)
     if packed is not None:
         checks.check_out("packed", packed, (rows, ws.row_words), ws.device)
         packed = [packed]
-    protocol.run_merge([ws], [logits], [row_ends], [out], rows, packed)
+    protocol.run_merge([ws], [logits], [row_ends], [out], rows, packed, [row_starts])
 
 
 def simulate_dcp_topk_merge(
     logits: torch.Tensor, row_ends: torch.Tensor, *, topk: int, local_topk: int | None = None,
-    impl: str | None = None, interleave: int = 1, sorted: bool = False,
+    impl: str | None = None, interleave: int = 1, sorted: bool = False, row_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The whole merge over W virtual ranks in this process.
 
     logits: [W, T, S] bf16 or fp16 (or fp32), ``logits[r, t, l]`` scores
-    rank r's local token l; row_ends: [W, T] int32 or int64. Returns int32 [W, T, topk]: rank
-    r's ids (the same on every rank), -1 padded. ``impl``: by default the
-    Triton kernels on CUDA, the reference on CPU."""
+    rank r's local token l; row_ends and row_starts (optional): [W, T]
+    int32 or int64, rank r's tokens row_starts[r, t] <= l < row_ends[r, t]
+    valid. Returns int32 [W, T, topk]: rank r's ids (the same on every
+    rank), -1 padded. ``impl``: by default the Triton kernels on CUDA, the
+    reference on CPU."""
     if torch.compiler.is_compiling():
         return torch.ops.nvshmem_topk.simulate_merge(logits, row_ends, topk, local_topk or 0, impl or "", interleave,
-                                                     sorted)
-    local_topk = checks.check_simulated(logits, row_ends, topk, local_topk)
+                                                     sorted, row_starts)
+    local_topk = checks.check_simulated(logits, row_ends, topk, local_topk, row_starts)
     world_size, rows, width = logits.shape
     out = torch.full((world_size, max(rows, 1), topk), -1, dtype=torch.int32, device=logits.device)
     if rows == 0:
@@ -194,7 +205,8 @@ def simulate_dcp_topk_merge(
             for g in group.ranks
         ]
         outputs = [Outputs(out[r], None, bool(sorted)) for r in range(world_size)]
-        protocol.run_merge(workspaces, list(logits), list(row_ends), outputs, rows)
+        protocol.run_merge(workspaces, list(logits), list(row_ends), outputs, rows,
+                           row_starts=list(row_starts) if row_starts is not None else None)
     finally:
         group.destroy()
     return out

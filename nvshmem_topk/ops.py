@@ -5,10 +5,10 @@ A workspace is not a tensor, so the ops take its integer ``handle``
 (``DcpTopkWorkspace.handle``); the op mutates ``ids_out`` (declared) and the
 workspace's own buffers, which no compiled graph sees.
 
-    torch.ops.nvshmem_topk.merge(logits, row_ends, ids_out, workspace.handle, sorted)
+    torch.ops.nvshmem_topk.merge(logits, row_ends, ids_out, workspace.handle, sorted, row_starts)
     torch.ops.nvshmem_topk.merge_rows(logits, row_ends, req_id, block_table, rows_out, valid_out, ids_out, packed,
-                                      workspace.handle, block_size, stride_rows, sorted)
-    torch.ops.nvshmem_topk.simulate_merge(logits, row_ends, topk, local_topk, impl, interleave, sorted)
+                                      workspace.handle, block_size, stride_rows, sorted, row_starts)
+    torch.ops.nvshmem_topk.simulate_merge(logits, row_ends, topk, local_topk, impl, interleave, sorted, row_starts)
 
 The public functions (``dcp_topk_merge``, ``dcp_topk_merge_rows``,
 ``simulate_dcp_topk_merge`` and the indexer's) call these ops themselves
@@ -28,40 +28,43 @@ from .workspace import workspace_by_handle
 
 @torch.library.custom_op("nvshmem_topk::merge", mutates_args=("ids_out",))
 def merge(logits: torch.Tensor, row_ends: torch.Tensor, ids_out: torch.Tensor, handle: int,
-          sorted: bool) -> None:
+          sorted: bool, row_starts: Optional[torch.Tensor] = None) -> None:
     """``dcp_topk_merge`` on the workspace with this handle."""
-    api.dcp_topk_merge(logits, row_ends, ids_out, workspace=workspace_by_handle(handle), sorted=sorted)
+    api.dcp_topk_merge(logits, row_ends, ids_out, workspace=workspace_by_handle(handle), sorted=sorted,
+                       row_starts=row_starts)
 
 
 @merge.register_fake
-def _(logits, row_ends, ids_out, handle, sorted):
+def _(logits, row_ends, ids_out, handle, sorted, row_starts=None):
     return None
 
 
 @torch.library.custom_op("nvshmem_topk::merge_rows", mutates_args=("rows_out", "valid_out", "ids_out"))
 def merge_rows(logits: torch.Tensor, row_ends: torch.Tensor, req_id: torch.Tensor, block_table: torch.Tensor,
                rows_out: torch.Tensor, valid_out: torch.Tensor, ids_out: Optional[torch.Tensor],
-               packed: Optional[torch.Tensor], handle: int, block_size: int, stride_rows: int, sorted: bool) -> None:
+               packed: Optional[torch.Tensor], handle: int, block_size: int, stride_rows: int, sorted: bool,
+               row_starts: Optional[torch.Tensor] = None) -> None:
     """``dcp_topk_merge_rows`` on the workspace with this handle."""
     api.dcp_topk_merge_rows(logits=logits, row_ends=row_ends, workspace=workspace_by_handle(handle), req_id=req_id,
                             block_table=block_table, block_size=block_size, stride_rows=stride_rows,
-                            rows_out=rows_out, valid_out=valid_out, ids_out=ids_out, packed=packed, sorted=sorted)
+                            rows_out=rows_out, valid_out=valid_out, ids_out=ids_out, packed=packed, sorted=sorted,
+                            row_starts=row_starts)
 
 
 @merge_rows.register_fake
 def _(logits, row_ends, req_id, block_table, rows_out, valid_out, ids_out, packed, handle, block_size, stride_rows,
-      sorted):
+      sorted, row_starts=None):
     return None
 
 
 @torch.library.custom_op("nvshmem_topk::simulate_merge", mutates_args=())
 def simulate_merge(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, local_topk: int, impl: str,
-                   interleave: int, sorted: bool) -> torch.Tensor:
+                   interleave: int, sorted: bool, row_starts: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``simulate_dcp_topk_merge``; ``local_topk`` 0 and ``impl`` "" mean the defaults."""
     return api.simulate_dcp_topk_merge(logits, row_ends, topk=topk, local_topk=local_topk or None,
-                                       impl=impl or None, interleave=interleave, sorted=sorted)
+                                       impl=impl or None, interleave=interleave, sorted=sorted, row_starts=row_starts)
 
 
 @simulate_merge.register_fake
-def _(logits, row_ends, topk, local_topk, impl, interleave, sorted):
+def _(logits, row_ends, topk, local_topk, impl, interleave, sorted, row_starts=None):
     return logits.new_empty((logits.shape[0], logits.shape[1], topk), dtype=torch.int32)

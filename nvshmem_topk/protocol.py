@@ -105,12 +105,12 @@ class ReferenceBackend:
         return (max_local_len,)
 
     @staticmethod
-    def pack(logits, row_ends, out, *, local_topk, max_local_len, pdl=False):  # pdl: no kernels here
-        out.copy_(reference.pack(logits, row_ends, local_topk, max_local_len))
+    def pack(logits, row_ends, out, *, local_topk, max_local_len, row_starts=None, pdl=False):  # pdl: no kernels
+        out.copy_(reference.pack(logits, row_ends, local_topk, max_local_len, row_starts))
 
     @staticmethod
-    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, pdl=False):
-        out.copy_(reference.pack_indices(logits, local_idx, row_ends, max_local_len))
+    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, row_starts=None, pdl=False):
+        out.copy_(reference.pack_indices(logits, local_idx, row_ends, max_local_len, row_starts))
 
     @staticmethod
     def push_rows(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
@@ -122,12 +122,13 @@ class ReferenceBackend:
             peer_flags[0, ws.rank, :rows] = epochs
 
     @classmethod
-    def pack_and_push(cls, ws: DcpTopkWorkspace, logits, row_ends, out) -> None:
-        cls.pack(logits, row_ends, out, local_topk=ws.local_topk, max_local_len=ws.max_local_len)
+    def pack_and_push(cls, ws: DcpTopkWorkspace, logits, row_ends, out, row_starts=None) -> None:
+        cls.pack(logits, row_ends, out, local_topk=ws.local_topk, max_local_len=ws.max_local_len,
+                 row_starts=row_starts)
         cls.push_rows(ws, out)
 
     @staticmethod
-    def select(ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
+    def select(ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs, row_starts=None) -> None:
         epochs = call_epochs(ws, rows)
         need = torch.ones((ws.world_size, rows), dtype=torch.bool, device=ws.device)
         missing = reference.wait_flags(ws.flags.local[0, :, :rows], need, epochs, ws.timeout_s)
@@ -143,7 +144,8 @@ class ReferenceBackend:
         mask = fmt.sat_mask(sat)
         mine = ((mask >> ws.rank) & 1).nonzero().flatten()
         if mine.numel():
-            pushed = reference.pack(logits[mine], row_ends[mine], ws.list_len, ws.max_local_len)
+            starts = None if row_starts is None else row_starts[mine]
+            pushed = reference.pack(logits[mine], row_ends[mine], ws.list_len, ws.max_local_len, starts)
             slot = reference.rescue_slot(mask[mine], ws.rank)
             for peer_recv, peer_flags in zip(ws.recv.peers, ws.flags.peers):
                 peer_recv[mine, slot] = pushed
@@ -193,6 +195,14 @@ def _emit(ws: DcpTopkWorkspace, selected: torch.Tensor, rows: torch.Tensor, out:
 SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 2_000}
 
 
+def _starts(row_starts, row_ends, ws: DcpTopkWorkspace | None = None) -> torch.Tensor:
+    """The row starts the kernels read: the caller's, or zeros (the
+    workspace's, so that a merge allocates nothing)."""
+    if row_starts is not None:
+        return row_starts
+    return ws.no_starts if ws is not None else torch.zeros_like(row_ends)
+
+
 class TritonBackend:
     """The protocol in Triton kernels: no host synchronisation, peers reached
     through the workspace's address tables."""
@@ -206,16 +216,18 @@ class TritonBackend:
         return tuple(dict.fromkeys((min(pack.SHORT_ROWS, max_local_len), max_local_len)))
 
     @staticmethod
-    def pack(logits, row_ends, out, *, local_topk, max_local_len, pdl=False):
+    def pack(logits, row_ends, out, *, local_topk, max_local_len, row_starts=None, pdl=False):
         from .kernels import pack
 
-        pack.pack(out, logits, row_ends, local_topk=local_topk, max_local_len=max_local_len, pdl=pdl)
+        pack.pack(out, logits, _starts(row_starts, row_ends), row_ends, local_topk=local_topk,
+                  max_local_len=max_local_len, pdl=pdl)
 
     @staticmethod
-    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, pdl=False):
+    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, row_starts=None, pdl=False):
         from .kernels import pack
 
-        pack.pack_indices(out, logits, local_idx, row_ends, max_local_len=max_local_len, pdl=pdl)
+        pack.pack_indices(out, logits, local_idx, _starts(row_starts, row_ends), row_ends,
+                          max_local_len=max_local_len, pdl=pdl)
 
     @staticmethod
     def push_rows(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
@@ -226,15 +238,15 @@ class TritonBackend:
                            library_peers=ws.library_peers, pdl=ws.pdl)
 
     @staticmethod
-    def pack_and_push(ws: DcpTopkWorkspace, logits, row_ends, out) -> None:
+    def pack_and_push(ws: DcpTopkWorkspace, logits, row_ends, out, row_starts=None) -> None:
         """The pack that also pushes each finished row to every peer (all of
         them reached by address) and raises its flags: no push kernel."""
         from .kernels import pack
 
         push = pack.Publish(ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
                             ws.world_size)
-        pack.pack(out, logits, row_ends, local_topk=ws.local_topk, max_local_len=ws.max_local_len, push=push,
-                  scratch=(ws.scratch, ws.arrivals), pdl=ws.pdl)
+        pack.pack(out, logits, _starts(row_starts, row_ends, ws), row_ends, local_topk=ws.local_topk,
+                  max_local_len=ws.max_local_len, push=push, scratch=(ws.scratch, ws.arrivals), pdl=ws.pdl)
 
     @staticmethod
     def _common(ws: DcpTopkWorkspace, rows: int, out: Outputs) -> dict:
@@ -245,7 +257,7 @@ class TritonBackend:
                     max_spins=max(1, int(ws.timeout_s * SPINS_PER_SECOND[ws.device.type])), pdl=ws.pdl)
 
     @classmethod
-    def select(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
+    def select(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs, row_starts=None) -> None:
         """The select, then, on the rows where this rank is saturated, its
         local top-K into its receive slot on every rank (spread over the
         row's blocks like the pack), and the rescue flags raised."""
@@ -255,9 +267,9 @@ class TritonBackend:
         if ws.slots and rows:
             push = pack.Publish(ws.epochs, ws.recv.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
                                 ws.world_size, sat=ws.sat, list_slots=ws.slots, library_peers=ws.library_peers)
-            pack.select_local(ws.recv.local, logits[:rows], row_ends[:rows], n=ws.list_len,
-                              max_local_len=ws.max_local_len, scratch=ws.scratch, arrivals=ws.arrivals,
-                              publish=push, pdl=ws.pdl)
+            pack.select_local(ws.recv.local, logits[:rows], _starts(row_starts, row_ends, ws)[:rows],
+                              row_ends[:rows], n=ws.list_len, max_local_len=ws.max_local_len, scratch=ws.scratch,
+                              arrivals=ws.arrivals, publish=push, pdl=ws.pdl)
 
     @classmethod
     def rescue(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
@@ -304,24 +316,27 @@ def exchange(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
 
 
 def run_merge(workspaces: list[DcpTopkWorkspace], logits, row_ends, outputs: list[Outputs], rows: int,
-              packed=None) -> None:
+              packed=None, row_starts=None) -> None:
     """pack -> exchange -> select -> rescue of ``rows`` rows, each stage for
     every rank given before the next stage starts (one rank on a real group;
     all virtual ranks on a simulated one). ``packed``: per rank, round-1
-    rows that replace the pack, or None."""
+    rows that replace the pack, or None; ``row_starts``: per rank, or None
+    (every row starts at 0)."""
     impls = [backend(ws.impl) for ws in workspaces]
+    starts = row_starts if row_starts is not None else [None] * len(workspaces)
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):
         mine = packed[r] if packed is not None else None
+        first = starts[r][:rows] if starts[r] is not None else None
         if mine is None:  # fcollect and device-library puts read symmetric memory: pack straight into it
             mine = ws.staging.local[:rows]
             if ws.exchange == "push" and not ws.library_peers:  # the pack pushes its rows itself
-                impl.pack_and_push(ws, logits[r][:rows], row_ends[r][:rows], mine)
+                impl.pack_and_push(ws, logits[r][:rows], row_ends[r][:rows], mine, first)
                 continue
             impl.pack(logits[r][:rows], row_ends[r][:rows], mine, local_topk=ws.local_topk,
-                      max_local_len=ws.max_local_len, pdl=ws.pdl)
+                      max_local_len=ws.max_local_len, row_starts=first, pdl=ws.pdl)
         exchange(ws, mine)
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):
-        impl.select(ws, logits[r], row_ends[r], rows, outputs[r])
+        impl.select(ws, logits[r], row_ends[r], rows, outputs[r], starts[r])
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):
         impl.rescue(ws, logits[r], row_ends[r], rows, outputs[r])
     for ws in workspaces:

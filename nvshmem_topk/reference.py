@@ -28,20 +28,30 @@ _INT64_MAX = torch.iinfo(torch.int64).max
 # ------------------------------------------------------------------ pack
 
 
+def row_window(row_starts: torch.Tensor | None, row_ends: torch.Tensor, limit: int):
+    """(start, end) [T] int64 of each row's valid local tokens [start, end):
+    the ends clamped to [0, limit], the starts (0 when None) to [0, end]."""
+    end = row_ends.long().clamp(0, limit)
+    start = torch.zeros_like(end) if row_starts is None else torch.minimum(row_starts.long().clamp(min=0), end)
+    return start, end
+
+
 def local_topk_indices(
-    logits: torch.Tensor, row_ends: torch.Tensor, k: int, max_local_len: int
+    logits: torch.Tensor, row_ends: torch.Tensor, k: int, max_local_len: int,
+    row_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Local top-``k`` by (score desc, local id asc).
 
-    logits: [T, S] bf16 (or fp32, rounded to bf16); row_ends: [T] int32.
-    Token l of row t is valid iff l < min(row_ends[t], S, max_local_len) and
-    its score is not NaN. Returns [T, k] int64 local ids in ascending order,
+    logits: [T, S] bf16 or fp16 (or fp32, rounded to bf16); row_ends and
+    row_starts: [T] int32 or int64 (no starts: 0). Token l of row t is valid
+    iff row_starts[t] <= l < min(row_ends[t], S, max_local_len) and its
+    score is not NaN. Returns [T, k] int64 local ids in ascending order,
     then -1 (rows with fewer than k valid tokens)."""
     rows, width = logits.shape
     bits = fmt.score16_bits(logits)
     local = torch.arange(width, device=logits.device)
-    end = row_ends.long().clamp(0, min(width, max_local_len))
-    valid = (local < end[:, None]) & ~fmt.is_nan_bits(bits)
+    start, end = row_window(row_starts, row_ends, min(width, max_local_len))
+    valid = (local >= start[:, None]) & (local < end[:, None]) & ~fmt.is_nan_bits(bits)
     keys = torch.where(valid, fmt.local_key(fmt.ord16(bits), local), 0)
     top, idx = keys.topk(min(k, width), dim=1)
     idx = torch.where(top > 0, idx, width).sort(dim=1).values
@@ -51,17 +61,18 @@ def local_topk_indices(
 
 
 def pack_indices(
-    logits: torch.Tensor, local_idx: torch.Tensor, row_ends: torch.Tensor, max_local_len: int
+    logits: torch.Tensor, local_idx: torch.Tensor, row_ends: torch.Tensor, max_local_len: int,
+    row_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Pack given local ids (``[T, n]``, any int dtype, -1 padded) of the
     scores ``logits`` ``[T, S]`` into int32 ``[T, packed_row_words(n, P)]``,
     P = ``num_planes(max_local_len)``. Slot j keeps candidate j; an id outside
-    [0, min(row_ends[t], S, max_local_len)) or with a NaN score is an empty
-    (0) slot."""
+    [row_starts[t], min(row_ends[t], S, max_local_len)) or with a NaN score
+    is an empty (0) slot."""
     width = logits.shape[1]
     idx = local_idx.long()
-    end = row_ends.long().clamp(0, min(width, max_local_len))
-    inside = (idx >= 0) & (idx < end[:, None])
+    start, end = row_window(row_starts, row_ends, min(width, max_local_len))
+    inside = (idx >= start[:, None]) & (idx < end[:, None])
     # One padding column: rows of width 0 still have an index 0 to gather.
     bits = torch.nn.functional.pad(fmt.score16_bits(logits), (0, 1)).gather(1, torch.where(inside, idx, 0))
     present = inside & ~fmt.is_nan_bits(bits)
@@ -70,13 +81,15 @@ def pack_indices(
 
 
 def pack(
-    logits: torch.Tensor, row_ends: torch.Tensor, local_topk: int, max_local_len: int
+    logits: torch.Tensor, row_ends: torch.Tensor, local_topk: int, max_local_len: int,
+    row_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Round-1 packed rows ``[T, packed_row_words(N, P)]`` int32: the local
     top-N in ascending local id order, empty slots (0) last. With
-    ``local_topk = K`` this is also the list a saturated rank pushes."""
-    idx = local_topk_indices(logits, row_ends, local_topk, max_local_len)
-    return pack_indices(logits, idx, row_ends, max_local_len)
+    ``local_topk = format.list_len(K)`` this is the list a saturated rank
+    pushes."""
+    idx = local_topk_indices(logits, row_ends, local_topk, max_local_len, row_starts)
+    return pack_indices(logits, idx, row_ends, max_local_len, row_starts)
 
 
 # ---------------------------------------------------------------- select

@@ -56,23 +56,26 @@ class DcpTopkIndexer:
         return self.workspaces[micro_batch]
 
     def dcp_topk_merge(self, logits: torch.Tensor, row_ends: torch.Tensor, topk_indices: torch.Tensor,
-                       local_topk: int | None = None, *, micro_batch: int = 0, sorted: bool = False) -> None:
-        """logits [T, S] bf16 or fp16, row_ends [T] int32 or int64 -> topk_indices [T, K] int32
-        global ids, -1 padded (collective over the DCP group)."""
+                       local_topk: int | None = None, *, micro_batch: int = 0, sorted: bool = False,
+                       row_starts: torch.Tensor | None = None) -> None:
+        """logits [T, S] bf16 or fp16, row_ends (and row_starts) [T] int32 or
+        int64 -> topk_indices [T, K] int32 global ids, -1 padded (collective
+        over the DCP group)."""
         api.dcp_topk_merge(logits, row_ends, topk_indices, workspace=self._workspace(micro_batch, local_topk),
-                           sorted=sorted)
+                           sorted=sorted, row_starts=row_starts)
 
     def dcp_topk_merge_rows(self, *, logits: torch.Tensor, row_ends: torch.Tensor, req_id: torch.Tensor,
                             block_table: torch.Tensor, block_size: int, stride_rows: int,
                             rows_out: torch.Tensor, valid_out: torch.Tensor,
                             ids_out: torch.Tensor | None = None, packed: torch.Tensor | None = None,
-                            local_topk: int | None = None, micro_batch: int = 0, sorted: bool = False) -> None:
+                            local_topk: int | None = None, micro_batch: int = 0, sorted: bool = False,
+                            row_starts: torch.Tensor | None = None) -> None:
         """This rank's physical KV rows of the merge (see ``RowsOutput``)."""
         api.dcp_topk_merge_rows(logits=logits, row_ends=row_ends,
                                 workspace=self._workspace(micro_batch, local_topk), req_id=req_id,
                                 block_table=block_table, block_size=block_size, stride_rows=stride_rows,
                                 rows_out=rows_out, valid_out=valid_out, ids_out=ids_out, packed=packed,
-                                sorted=sorted)
+                                sorted=sorted, row_starts=row_starts)
 
     def warmup(self, *, rows: bool | None = None, sorted: bool | None = None) -> None:
         """Compiles every kernel variant the indexer can launch, before graph

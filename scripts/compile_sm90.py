@@ -72,8 +72,8 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
         scratch, arrivals = pack.scratch_for(rows, n, width, "cpu")
         publish = pack.Publish(epochs, ptrs, ptrs, pes, max_rows, 0, world_size, sat=sat, list_slots=list_slots,
                                library_peers=library_peers if list_slots else 0)
-        yield from pack.pipeline(out, logits, ends, n=n, max_local_len=width, scratch=scratch, arrivals=arrivals,
-                                 publish=publish, pdl=True)
+        yield from pack.pipeline(out, logits, torch.zeros_like(ends), ends, n=n, max_local_len=width,
+                                 scratch=scratch, arrivals=arrivals, publish=publish, pdl=True)
     packed = torch.zeros(rows, fmt.packed_row_words(local_topk, planes), **i32)
     yield exchange.push_rows_launch(packed, epochs, ptrs, ptrs, pes, max_rows=max_rows, rank=0,
                                     world_size=world_size, library_peers=library_peers, pdl=True)

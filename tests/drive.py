@@ -10,7 +10,7 @@ import nvshmem_topk as nt
 
 
 def drive(logits, ends, *, topk, local_topk, interleave=1, impl="reference", sorted=False,
-          block_size=16, stride_rows=64):
+          block_size=16, stride_rows=64, starts=None):
     world, rows, width = logits.shape
     device = logits.device
     group = nt.SimulatedGroup(world, device)
@@ -27,14 +27,15 @@ def drive(logits, ends, *, topk, local_topk, interleave=1, impl="reference", sor
     outs = [nt.RowsOutput(req_id, table, block_size, stride_rows,
                           torch.full((rows, topk + 2), -7, dtype=torch.int32, device=device),
                           torch.full((rows,), -7, dtype=torch.int32, device=device)) for _ in range(world)]
+    first = [None if starts is None else starts[r] for r in range(world)]
     packed = [nt.dcp_topk_pack(logits[r], ends[r], local_topk=wss[r].local_topk, max_local_len=max(width, 1),
-                               impl=impl) for r in range(world)]
+                               impl=impl, row_starts=first[r]) for r in range(world)]
     state["packed"] = torch.stack(packed)
     for r, ws in enumerate(wss):
         nt.dcp_topk_exchange(packed[r], workspace=ws)
     for r, ws in enumerate(wss):
         nt.dcp_topk_select(logits[r], ends[r], workspace=ws, num_rows=rows, ids_out=state["ids"][r],
-                           rows=outs[r], sorted=sorted)
+                           rows=outs[r], sorted=sorted, row_starts=first[r])
     state["round1_ids"] = state["ids"].clone()
     state["sat"] = torch.stack([ws.sat[:rows].clone() for ws in wss])
     state["pushed"] = torch.stack([ws.recv.local[:rows].clone() for ws in wss])

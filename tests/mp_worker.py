@@ -155,7 +155,7 @@ def fault_mode(group, impl, exchange, fault):
             os._exit(9)
         if fault == "bad_input":
             try:
-                nt.dcp_topk_merge(logits, ends.long(), ids, workspace=ws)
+                nt.dcp_topk_merge(logits, ends.float(), ids, workspace=ws)
             except TypeError as err:
                 print(f"rank 1 refused: {err}", flush=True)
             return

@@ -11,10 +11,11 @@ def global_id(local: np.ndarray, rank: int, world_size: int, interleave: int) ->
     return (local // interleave) * (world_size * interleave) + rank * interleave + local % interleave
 
 
-def oracle_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interleave: int = 1):
-    """logits [W, T, S], row_ends [W, T] -> per row the list of global ids of
-    the top-K valid tokens, by score desc (-0 below +0), then global id asc:
-    bf16 and fp16 scores as they are, fp32 rounded to bf16."""
+def oracle_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interleave: int = 1, row_starts=None):
+    """logits [W, T, S], row_ends (and row_starts) [W, T] -> per row the list
+    of global ids of the top-K valid tokens, by score desc (-0 below +0),
+    then global id asc: bf16 and fp16 scores as they are, fp32 rounded to
+    bf16."""
     world_size, rows, width = logits.shape
     exact = logits.dtype in (torch.bfloat16, torch.float16)
     scores = (logits if exact else logits.to(torch.bfloat16)).float().numpy()
@@ -23,10 +24,11 @@ def oracle_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interle
         vals, gids = [], []
         for r in range(world_size):
             end = max(0, min(int(row_ends[r, t]), width))
-            x = scores[r, t, :end]
+            start = 0 if row_starts is None else min(max(0, int(row_starts[r, t])), end)
+            x = scores[r, t, start:end]
             keep = ~np.isnan(x)
             vals.append(x[keep])
-            gids.append(global_id(np.nonzero(keep)[0], r, world_size, interleave))
+            gids.append(global_id(start + np.nonzero(keep)[0], r, world_size, interleave))
         x = np.concatenate(vals) if vals else np.zeros(0)
         g = np.concatenate(gids) if gids else np.zeros(0, dtype=np.int64)
         negzero = (x == 0) & np.signbit(x)

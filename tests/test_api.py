@@ -174,6 +174,26 @@ def test_simulate_rejects_bad_tensors(logits, ends, error, match):
         nt.simulate_dcp_topk_merge(logits, ends, topk=32)
 
 
+@pytest.mark.parametrize("starts,error,match", [
+    (_E.float(), TypeError, "row_starts must be torch.int32 or torch.int64, got torch.float32"),
+    (_E[:, :1], ValueError, "row_starts must be \\[2, 2\\], got \\(2, 1\\)"),
+])
+def test_bad_row_starts_are_rejected_by_the_simulated_merge(starts, error, match):
+    with pytest.raises(error, match=match):
+        nt.simulate_dcp_topk_merge(_L, _E, topk=32, row_starts=starts)
+
+
+@pytest.mark.parametrize("starts,error,match", [
+    (_E[0].float(), TypeError, "row_starts must be torch.int32 or torch.int64, got torch.float32"),
+    (_E[0, :1], ValueError, "row_starts must have >= 2 entries, got 1"),
+])
+def test_bad_row_starts_are_rejected_by_the_merge(starts, error, match):
+    ws = _ws()
+    with pytest.raises(error, match=match):
+        nt.dcp_topk_merge(_L[0], _E[0], torch.empty(2, 64, dtype=torch.int32), workspace=ws, row_starts=starts)
+    ws.destroy()
+
+
 def test_triton_on_cpu_without_the_interpreter_is_an_error(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):

@@ -197,8 +197,8 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
         want = reference.pack(logits, ends, k, logits.shape[1])
         got = torch.full_like(want, 123).to(device)
         scratch, arrivals = pack.scratch_for(logits.shape[0], k, logits.shape[1], device)
-        pack.pack(got, logits.to(device), ends.to(device), local_topk=k, max_local_len=logits.shape[1],
-                  scratch=(scratch, arrivals))
+        pack.pack(got, logits.to(device), torch.zeros_like(ends).to(device), ends.to(device), local_topk=k,
+                  max_local_len=logits.shape[1], scratch=(scratch, arrivals))
         assert torch.equal(got.cpu(), want), name
         assert scratch[:, pack.MODE.value].tolist() == [mode] * logits.shape[0], name
         assert not arrivals.any(), name
@@ -210,7 +210,8 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     want = reference.pack(logits, ends, n, width)
     got = torch.full_like(want, 123).to(device)
     scratch, arrivals = pack.scratch_for(2, n, width, device)
-    pack.pack(got, logits.to(device), ends.to(device), local_topk=n, max_local_len=width, scratch=(scratch, arrivals))
+    pack.pack(got, logits.to(device), torch.zeros_like(ends).to(device), ends.to(device), local_topk=n,
+              max_local_len=width, scratch=(scratch, arrivals))
     assert torch.equal(got.cpu(), want)
     listed = scratch[:, pack.HEADER.value + 1: pack.HEADER.value + 4 * 4: 4].sum(dim=1)
     assert ((listed > small.tile) & (scratch[:, pack.MODE.value] == pack.LISTED.value)).all(), listed
@@ -469,6 +470,34 @@ def test_fp16_scores_rank_in_fp16_order_with_int64_row_ends(device):
     want = oracle_topk(logits, ends, k)
     assert want != oracle_topk(logits.bfloat16(), ends, k), "the case must tell fp16 order from bf16's"
     assert_exact(got["ids"].cpu(), want, ordered=True)
+
+
+@needs_triton
+@pytest.mark.parametrize("width,dtype", [(9000, torch.bfloat16), (9001, torch.bfloat16), (700, torch.float32)])
+def test_row_starts_match_reference_stage_by_stage(width, dtype, device):
+    """Rows valid from a start: at 0, odd (inside a bf16 pair: an even
+    width is read in pairs, an odd one token by token), on and around a
+    block's edge, at or past the end; long rows (sampled, several blocks),
+    all-equal rows (the ties taken move with the start), a rank holding the
+    best scores (saturated: its pushed list starts there too); int64
+    starts."""
+    gen = torch.Generator().manual_seed(width)
+    world, rows, k = 3, 8, 64
+    logits = torch.randn(world, rows, width, generator=gen).to(dtype)
+    logits[:, 1] = 1.0
+    logits[0, 2] += 6.0
+    ends = torch.full((world, rows), width, dtype=torch.int32)
+    ends[:, 5] = width // 3
+    starts = torch.tensor([0, 1, 7, 4095, 4097, width // 3, width // 2, width + 5], dtype=torch.int64)
+    starts = (starts[None, :] + torch.arange(world)[:, None] * 3).clamp(max=width + 5)
+    for r in range(world):  # the best scores just outside each row: taken only if a bound is off by one
+        for t in range(rows):
+            for outside in (int(starts[r, t]) - 1, int(ends[r, t])):
+                if 0 <= outside < width:
+                    logits[r, t, outside] = 50.0
+    got = _same_at_every_stage(logits.to(device), ends.to(device), topk=k, local_topk=32, starts=starts.to(device))
+    assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, k, row_starts=starts))
+    assert ((got["sat"][:, 2].cpu() >> 47) & 1 == 1).all(), "rank 0 is saturated on row 2"
 
 
 @needs_triton

@@ -65,17 +65,18 @@ def test_a_destroyed_workspace_handle_is_refused():
 def test_public_api_compiles_fullgraph_and_matches_eager():
     """What an engine compiles: the public calls themselves, not the raw ops
     (nt.dcp_topk_merge, dcp_topk_merge_rows, the indexer's, and
-    simulate_dcp_topk_merge), each traced with no graph break and equal to
-    the eager call."""
+    simulate_dcp_topk_merge; two of them with row starts), each traced with
+    no graph break and equal to the eager call."""
     logits, ends = _data(world=1, rows=3, width=700, seed=4)
     x, e = logits[0], ends[0]
     indexer = nt.DcpTopkIndexer(nt.SimulatedGroup(1).ranks[0], max_rows=3, topk=64, max_local_len=700)
     ws = indexer.workspaces[0]
     table = torch.arange(12, dtype=torch.int32).reshape(1, 12)
     req = torch.zeros(3, dtype=torch.int32)
+    starts = torch.tensor([0, 5, 300], dtype=torch.int32)
 
     def merge(x, e, ids):
-        nt.dcp_topk_merge(x * 1, e, ids, workspace=ws, sorted=True)
+        nt.dcp_topk_merge(x * 1, e, ids, workspace=ws, sorted=True, row_starts=starts)
         return ids + 0
 
     def merge_rows(x, e, rows_out, valid_out, ids):
@@ -93,7 +94,7 @@ def test_public_api_compiles_fullgraph_and_matches_eager():
         return rows_out + 0, valid_out + 0
 
     def simulated(x, e):
-        return nt.simulate_dcp_topk_merge(x * 1, e, topk=64, sorted=True)
+        return nt.simulate_dcp_topk_merge(x * 1, e, topk=64, sorted=True, row_starts=starts[None])
 
     ids = lambda: torch.full((3, 64), -7, dtype=torch.int32)
     rows = lambda: (torch.full((3, 64), -7, dtype=torch.int32), torch.zeros(3, dtype=torch.int32))

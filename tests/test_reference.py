@@ -187,6 +187,24 @@ def test_large_and_small_k(topk, world_size):
     assert_exact(ids, oracle_topk(logits, ends, topk))
 
 
+@pytest.mark.parametrize("world_size,interleave", [(2, 1), (4, 2), (8, 64)])
+def test_row_starts_match_the_oracle(world_size, interleave):
+    """Windows [start, end) per rank and row (a prefill row's), the best
+    scores just outside them."""
+    gen = torch.Generator().manual_seed(world_size)
+    rows, width, k = 5, 700, 100
+    logits = torch.randn(world_size, rows, width, generator=gen).bfloat16()
+    starts = torch.randint(0, width, (world_size, rows), generator=gen, dtype=torch.int32)
+    ends = (starts + torch.randint(0, width, (world_size, rows), generator=gen, dtype=torch.int32)).clamp(max=width)
+    for r in range(world_size):
+        for t in range(rows):
+            for outside in (int(starts[r, t]) - 1, int(ends[r, t])):
+                if 0 <= outside < width:
+                    logits[r, t, outside] = 50.0
+    ids = simulate_dcp_topk_merge(logits, ends, topk=k, interleave=interleave, row_starts=starts)
+    assert_exact(ids, oracle_topk(logits, ends, k, interleave, row_starts=starts))
+
+
 def test_fp32_logits_are_rounded_to_bf16():
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(2, 3, 400, generator=gen)
