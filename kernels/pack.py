@@ -187,10 +187,14 @@ def _block_tokens(logits_ptr, row, logits_stride, block, start, end):
 @triton.jit
 def _row_window(row_starts_ptr, row_ends_ptr, row, width_limit):
     """(start, end): row ``row``'s valid tokens [start, end) (row starts and
-    ends int32 or int64), clamped to [0, width_limit], as int32."""
-    end = tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit)
-    start = tl.minimum(tl.maximum(tl.load(row_starts_ptr + row), 0), end)
-    return start.to(tl.int32), end.to(tl.int32)
+    ends int32 or int64; no starts, None: 0), clamped to [0, width_limit],
+    as int32."""
+    end = tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit).to(tl.int32)
+    if row_starts_ptr is None:  # compile-time: rows given no starts read none
+        start = tl.zeros((), dtype=tl.int32)
+    else:
+        start = tl.minimum(tl.maximum(tl.load(row_starts_ptr + row), 0), end).to(tl.int32)
+    return start, end
 
 
 @triton.jit
@@ -925,7 +929,7 @@ def select_local(out, logits, row_starts, row_ends, *, n: int, max_local_len: in
                  publish: Publish | None = None, pdl: bool = False) -> None:
     """The packed local top-``n`` of every row of ``logits`` [T, S] (bf16,
     fp16 or fp32, stride(1) == 1; tokens row_starts[t] <= l < row_ends[t]
-    valid, each [T] int32 or int64) into ``out``: int32
+    valid, each [T] int32 or int64; row_starts None: 0) into ``out``: int32
     [T, n + P*n/32] (round 1), or, for pushed lists, the receive buffer
     [max_rows, slots, n + P*n/32] (rows where this rank is saturated only).
     scratch: int32 [>= T, plan(n, max_local_len).scratch_words] (enough for

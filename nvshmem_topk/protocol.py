@@ -195,14 +195,6 @@ def _emit(ws: DcpTopkWorkspace, selected: torch.Tensor, rows: torch.Tensor, out:
 SPINS_PER_SECOND = {"cuda": 1_000_000, "cpu": 2_000}
 
 
-def _starts(row_starts, row_ends, ws: DcpTopkWorkspace | None = None) -> torch.Tensor:
-    """The row starts the kernels read: the caller's, or zeros (the
-    workspace's, so that a merge allocates nothing)."""
-    if row_starts is not None:
-        return row_starts
-    return ws.no_starts if ws is not None else torch.zeros_like(row_ends)
-
-
 class TritonBackend:
     """The protocol in Triton kernels: no host synchronisation, peers reached
     through the workspace's address tables."""
@@ -219,15 +211,14 @@ class TritonBackend:
     def pack(logits, row_ends, out, *, local_topk, max_local_len, row_starts=None, pdl=False):
         from .kernels import pack
 
-        pack.pack(out, logits, _starts(row_starts, row_ends), row_ends, local_topk=local_topk,
+        pack.pack(out, logits, row_starts, row_ends, local_topk=local_topk,
                   max_local_len=max_local_len, pdl=pdl)
 
     @staticmethod
     def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, row_starts=None, pdl=False):
         from .kernels import pack
 
-        pack.pack_indices(out, logits, local_idx, _starts(row_starts, row_ends), row_ends,
-                          max_local_len=max_local_len, pdl=pdl)
+        pack.pack_indices(out, logits, local_idx, row_starts, row_ends, max_local_len=max_local_len, pdl=pdl)
 
     @staticmethod
     def push_rows(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
@@ -245,7 +236,7 @@ class TritonBackend:
 
         push = pack.Publish(ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
                             ws.world_size)
-        pack.pack(out, logits, _starts(row_starts, row_ends, ws), row_ends, local_topk=ws.local_topk,
+        pack.pack(out, logits, row_starts, row_ends, local_topk=ws.local_topk,
                   max_local_len=ws.max_local_len, push=push, scratch=(ws.scratch, ws.arrivals), pdl=ws.pdl)
 
     @staticmethod
@@ -267,9 +258,10 @@ class TritonBackend:
         if ws.slots and rows:
             push = pack.Publish(ws.epochs, ws.recv.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
                                 ws.world_size, sat=ws.sat, list_slots=ws.slots, library_peers=ws.library_peers)
-            pack.select_local(ws.recv.local, logits[:rows], _starts(row_starts, row_ends, ws)[:rows],
-                              row_ends[:rows], n=ws.list_len, max_local_len=ws.max_local_len, scratch=ws.scratch,
-                              arrivals=ws.arrivals, publish=push, pdl=ws.pdl)
+            starts = row_starts[:rows] if row_starts is not None else None
+            pack.select_local(ws.recv.local, logits[:rows], starts, row_ends[:rows], n=ws.list_len,
+                              max_local_len=ws.max_local_len, scratch=ws.scratch, arrivals=ws.arrivals,
+                              publish=push, pdl=ws.pdl)
 
     @classmethod
     def rescue(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:

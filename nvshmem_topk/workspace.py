@@ -66,9 +66,7 @@ class DcpTopkWorkspace:
       sat     int64 [max_rows]: saturation state of each row's last select.
       status  int32 [4]: (failed, row, rank, epoch) of an expired wait.
       scratch, arrivals, ties, selected (impl "triton"): the kernels'
-              scratch (``kernels.pack.plan``, ``kernels.select``);
-              no_starts int32 [max_rows] zeros, the row starts of a merge
-              given none.
+              scratch (``kernels.pack.plan``, ``kernels.select``).
 
     Use one workspace per merge that can be in flight at a time; free it with
     ``destroy()`` (collective) before the group goes away.
@@ -117,7 +115,6 @@ class DcpTopkWorkspace:
             self.arrivals = torch.zeros(max_rows, dtype=torch.int32, device=self.device)  # left as found
             self.ties = torch.empty((max_rows, keys.TIE_TILE), dtype=torch.int64, device=self.device)
             self.selected = torch.empty((max_rows, select.rescue_keys(topk)), dtype=torch.int64, device=self.device)
-            self.no_starts = torch.zeros(max_rows, dtype=torch.int32, device=self.device)  # rows given no starts
         self.epochs = torch.zeros(max_rows, dtype=torch.int32, device=self.device)
         self.sat = torch.zeros(max_rows, dtype=torch.int64, device=self.device)
         # Host memory the kernels can write (mapped pinned memory on CUDA), so

@@ -35,12 +35,21 @@ _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32
 
 
 def _signature(value):
-    """Triton's type of a launch argument (tuples nest)."""
+    """Triton's type of a launch argument (tuples nest; None is a constexpr)."""
     if isinstance(value, tuple):
         return tuple(_signature(v) for v in value)
+    if value is None:
+        return "constexpr"
     if isinstance(value, torch.Tensor):
         return _TYPES[value.dtype]
     return "i1" if isinstance(value, bool) else "i32" if -2**31 <= value < 2**31 else "i64"
+
+
+def _nones(value, path=()):
+    """Paths of the arguments that are None (compile-time constants)."""
+    if isinstance(value, tuple):
+        return [p for i, v in enumerate(value) for p in _nones(v, path + (i,))]
+    return [path] if value is None else []
 
 
 def _aligned(value, path=()):
@@ -49,7 +58,8 @@ def _aligned(value, path=()):
     lets the loads of 8 bf16 be vectorised."""
     if isinstance(value, tuple):
         return [p for i, v in enumerate(value) for p in _aligned(v, path + (i,))]
-    divisible = isinstance(value, torch.Tensor) or (not isinstance(value, bool) and value % 16 == 0)
+    divisible = isinstance(value, torch.Tensor) or (value is not None and not isinstance(value, bool)
+                                                    and value % 16 == 0)
     return [path] if divisible else []
 
 
@@ -57,8 +67,9 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
              library_peers: int = 0):
     """The launches of one configuration, built by the launchers themselves
     from small CPU tensors (nothing runs): a merge of one row of 131072
-    tokens on a rank of ``world_size``, and the pack's pipelines for N and
-    for K (pushed lists)."""
+    tokens on a rank of ``world_size``, and the pack's pipelines for N (rows
+    given no starts) and for K rounded up to 32 (pushed lists; rows given
+    starts), so that both forms of the row window compile."""
     rows, width, max_rows, interleave = 1, 131072, 1, 1
     i32 = dict(dtype=torch.int32)
     logits = torch.zeros(rows, width, dtype=dtype)
@@ -67,12 +78,12 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
     ptrs, pes = torch.zeros(world_size, dtype=torch.int64), torch.zeros(world_size, **i32)
     slots = fmt.rescue_slots(topk, local_topk)
     gid_bits = fmt.global_id_bits(world_size, interleave, width)
-    for n, list_slots in ((local_topk, 0), (fmt.list_len(topk), slots)):
+    for n, list_slots, starts in ((local_topk, 0, None), (fmt.list_len(topk), slots, torch.zeros_like(ends))):
         out = torch.zeros(rows, fmt.packed_row_words(n, planes), **i32)
         scratch, arrivals = pack.scratch_for(rows, n, width, "cpu")
         publish = pack.Publish(epochs, ptrs, ptrs, pes, max_rows, 0, world_size, sat=sat, list_slots=list_slots,
                                library_peers=library_peers if list_slots else 0)
-        yield from pack.pipeline(out, logits, torch.zeros_like(ends), ends, n=n, max_local_len=width,
+        yield from pack.pipeline(out, logits, starts, ends, n=n, max_local_len=width,
                                  scratch=scratch, arrivals=arrivals, publish=publish, pdl=True)
     packed = torch.zeros(rows, fmt.packed_row_words(local_topk, planes), **i32)
     yield exchange.push_rows_launch(packed, epochs, ptrs, ptrs, pes, max_rows=max_rows, rank=0,
@@ -96,7 +107,9 @@ def compile_one(launch, extern_libs=None) -> dict:
     names = [name for name in launch.kernel.arg_names if name not in constexprs]
     signature = dict(zip(names, (_signature(v) for v in launch.args))) | {name: "constexpr" for name in constexprs}
     attrs = {(i,) + path: [["tt.divisibility", 16]] for i, v in enumerate(launch.args) for path in _aligned(v)}
-    compiled = triton.compile(ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs),
+    nones = {(i,) + path: None for i, v in enumerate(launch.args) for path in _nones(v)}
+    compiled = triton.compile(ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs | nones,
+                                        attrs=attrs),
                               target=HOPPER, options=options)
     seconds = time.perf_counter() - start
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")

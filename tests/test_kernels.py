@@ -197,8 +197,8 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
         want = reference.pack(logits, ends, k, logits.shape[1])
         got = torch.full_like(want, 123).to(device)
         scratch, arrivals = pack.scratch_for(logits.shape[0], k, logits.shape[1], device)
-        pack.pack(got, logits.to(device), torch.zeros_like(ends).to(device), ends.to(device), local_topk=k,
-                  max_local_len=logits.shape[1], scratch=(scratch, arrivals))
+        pack.pack(got, logits.to(device), None, ends.to(device), local_topk=k, max_local_len=logits.shape[1],
+                  scratch=(scratch, arrivals))
         assert torch.equal(got.cpu(), want), name
         assert scratch[:, pack.MODE.value].tolist() == [mode] * logits.shape[0], name
         assert not arrivals.any(), name
@@ -210,8 +210,8 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     want = reference.pack(logits, ends, n, width)
     got = torch.full_like(want, 123).to(device)
     scratch, arrivals = pack.scratch_for(2, n, width, device)
-    pack.pack(got, logits.to(device), torch.zeros_like(ends).to(device), ends.to(device), local_topk=n,
-              max_local_len=width, scratch=(scratch, arrivals))
+    pack.pack(got, logits.to(device), None, ends.to(device), local_topk=n, max_local_len=width,
+              scratch=(scratch, arrivals))
     assert torch.equal(got.cpu(), want)
     listed = scratch[:, pack.HEADER.value + 1: pack.HEADER.value + 4 * 4: 4].sum(dim=1)
     assert ((listed > small.tile) & (scratch[:, pack.MODE.value] == pack.LISTED.value)).all(), listed
