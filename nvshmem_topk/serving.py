@@ -84,8 +84,9 @@ class DcpTopkIndexer:
         ``sorted``; None: both). Nothing else is a compile-time fact: any
         row width up to max_local_len and any batch size up to max_rows
         then run without compiling, for bf16 logits whose rows lie at a
-        stride of a multiple of 16 elements and int32 row ends (as engines allocate them;
-        another stride or dtype compiles at its first merge). On GPUs the
+        stride of a multiple of 16 elements, int32 row ends and no row
+        starts (as engines pass them at decode; another stride or dtype, or
+        row starts, compile at their first merge). On GPUs the
         merges first run compile-only, their variants compiled at once on a
         thread per CPU, then for real. Collective."""
         forms = [(r, s) for r in (False, True) if rows in (None, r) for s in (False, True) if sorted in (None, s)]
