@@ -153,8 +153,8 @@ _any_width = triton.jit(do_not_specialize=["width_limit"])
 
 @triton.jit
 def _order(x):
-    """ord16 of the scores ``x`` (bf16, or fp32 rounded to bf16), 0 for NaN:
-    below every valid score."""
+    """ord16 of the scores ``x`` (bf16 or fp16, or fp32 rounded to bf16), 0
+    for NaN: below every valid score."""
     bits = score16_bits(x)
     return tl.where(is_nan_bits(bits), 0, ord16(bits))
 
@@ -373,8 +373,9 @@ def estimate_kernel(out_ptr, scratch_ptr, rows, width_limit, N: tl.constexpr, WO
                     LIST: tl.constexpr, GROUPS: tl.constexpr, ROOM: tl.constexpr, PDL: tl.constexpr):
     """The row's floor and probe into its scratch; its output row zeroed.
     ``rows``: (logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr,
-    logits_stride, scratch_stride, rank) and ``width_limit`` (the call's width, at most
-    max_local_len), the same in every kernel of the pipeline."""
+    logits_stride, scratch_stride, rank; row_starts_ptr may be None) and
+    ``width_limit`` (the call's width, at most max_local_len), the same in
+    every kernel of the pipeline."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
