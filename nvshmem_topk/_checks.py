@@ -66,11 +66,16 @@ def check_logits(logits, row_ends, rows: int | None = None, device=None, row_sta
 
 
 def check_out(name: str, t, shape: tuple[int, int], device, at_least_cols: bool = False) -> None:
+    """An int32 output of ``shape`` (``at_least_cols``: that many columns or
+    more, at any row stride); otherwise its rows must be contiguous, as the
+    kernels write row r at r times the row's length."""
     check_tensor(name, t, torch.int32, len(shape), device)
     ok = t.shape[0] == shape[0] and (t.shape[1] >= shape[1] if at_least_cols else t.shape[1:] == shape[1:])
     if not ok:
         cols = f">= {shape[1]}" if at_least_cols else ", ".join(str(s) for s in shape[1:])
         raise ValueError(f"{name} must be [{shape[0]}, {cols}], got {tuple(t.shape)}")
+    if not at_least_cols and t.dim() == 2 and t.shape[0] > 1 and t.stride(0) != t.shape[1]:
+        raise ValueError(f"{name} must have contiguous rows (stride(0) == {t.shape[1]}), got strides {t.stride()}")
 
 
 def packed_out(out, rows: int, words: int, device) -> torch.Tensor:

@@ -174,6 +174,19 @@ def test_simulate_rejects_bad_tensors(logits, ends, error, match):
         nt.simulate_dcp_topk_merge(logits, ends, topk=32)
 
 
+def test_outputs_with_gaps_between_rows_are_refused():
+    """The kernels write ids row r at r * K: an [T, K] view of a wider
+    buffer would have its rows written past the view."""
+    ws = _ws(max_rows=3)
+    wide = torch.full((3, 128), -7, dtype=torch.int32)
+    message = r"ids_out must have contiguous rows \(stride\(0\) == 64\), got strides \(128, 1\)"
+    with pytest.raises(ValueError, match=message):
+        nt.dcp_topk_merge(torch.zeros(3, 64).bfloat16(), torch.full((3,), 64, dtype=torch.int32), wide[:, :64],
+                          workspace=ws)
+    assert (wide == -7).all()
+    ws.destroy()
+
+
 @pytest.mark.parametrize("starts,error,match", [
     (_E.float(), TypeError, "row_starts must be torch.int32 or torch.int64, got torch.float32"),
     (_E[:, :1], ValueError, "row_starts must be \\[2, 2\\], got \\(2, 1\\)"),
