@@ -629,3 +629,29 @@ def test_a_merge_allocates_nothing_in_the_kernels_launchers(monkeypatch, device)
         assert int((merge.workspaces[0].sat[:2] >> 47).ne(0).sum()) == 1
     finally:
         merge.destroy()
+
+
+def test_compile_only_launches_compile_the_same_variant_and_run_nothing():
+    """Within launch.compile_only() a Launch calls its kernel's warmup with
+    the arguments, constexprs and options it would launch with (so it
+    compiles the variant the launch will look up), and never launches."""
+    from nvshmem_topk.kernels.launch import Launch, compile_only
+
+    class Kernel:
+        def __init__(self):
+            self.warmups, self.launches = [], []
+
+        def warmup(self, *args, grid, **kwargs):
+            self.warmups.append((args, grid, kwargs))
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: self.launches.append((args, grid, kwargs))
+
+    kernel = Kernel()
+    launch = Launch(kernel, (3, 2), (torch.zeros(1), (5, None)), dict(N=32, PDL=False), 4)
+    with compile_only(threads=2):
+        launch()
+    launch()
+    assert len(kernel.launches) == 1 and len(kernel.warmups) == 1, "inside: compiled, not launched"
+    (args, grid, kwargs), = kernel.warmups
+    assert (args, grid, kwargs) == kernel.launches[0], "the compile and the launch look up one variant"
