@@ -171,10 +171,12 @@ def _load_tokens(ptrs, inside, WHOLE: tl.constexpr):
 
 
 @triton.jit
-def _block_tokens(logits_ptr, row, logits_stride, block, start, end):
+def _block_tokens(logits_ptr, row, logits_stride, block, window):
     """(scores, local ids) of a block, as [BLOCK / 8, 8], NaN outside the
-    row's valid tokens [start, end): a thread loads 8 adjacent tokens at
-    once (16 bytes of bf16), unmasked when the block is wholly inside."""
+    row's valid tokens ``window`` = (start, end): a thread loads 8 adjacent
+    tokens at once (16 bytes of bf16), unmasked when the block is wholly
+    inside."""
+    start, end = window
     local = block * BLOCK + tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
     ptrs = logits_ptr + row * logits_stride + local
     if (block * BLOCK >= start) & ((block + 1) * BLOCK <= end):
@@ -485,8 +487,10 @@ def _half_pairs(row_ptr, block, half, start, end):
 
 
 @triton.jit
-def _block_pairs(row_ptr, block, start, end):
-    """Both halves of a block (``_half_pairs``), loaded at once."""
+def _block_pairs(row_ptr, block, window):
+    """Both halves of a block (``_half_pairs``), loaded at once; ``window``:
+    the row's valid tokens (start, end)."""
+    start, end = window
     pair_0, w_0 = _half_pairs(row_ptr, block, 0, start, end)
     pair_1, w_1 = _half_pairs(row_ptr, block, 1, start, end)
     return pair_0, w_0, pair_1, w_1
@@ -551,25 +555,25 @@ def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_
     block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     scratch = scratch_ptr + row * scratch_stride
-    start, end = _row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
+    window = _row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
     if LIST:  # only the saturated rows, known once the select has run
         after_prior_kernel(PDL)
         if _target(row, sat_ptr, rank, 1, 1, LIST)[0]:
             if PAIRS:
-                _filter_pairs(scratch, _block_pairs(logits_ptr + row * logits_stride, block, start, end), block,
-                              REGION, REGIONS_AT)
+                _filter_pairs(scratch, _block_pairs(logits_ptr + row * logits_stride, block, window), block, REGION,
+                              REGIONS_AT)
             else:
-                x, local = _block_tokens(logits_ptr, row, logits_stride, block, start, end)
+                x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
                 _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
     elif PAIRS:
         # The logits and row ends were written before the estimate, which
         # waited for them before this kernel could launch: the block is read
         # while the estimate still runs, and only its floor waits for it.
-        pairs = _block_pairs(logits_ptr + row * logits_stride, block, start, end)
+        pairs = _block_pairs(logits_ptr + row * logits_stride, block, window)
         after_prior_kernel(PDL)
         _filter_pairs(scratch, pairs, block, REGION, REGIONS_AT)
     else:
-        x, local = _block_tokens(logits_ptr, row, logits_stride, block, start, end)
+        x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
         after_prior_kernel(PDL)
         _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
 
@@ -612,7 +616,7 @@ def _write_block(out_row, logits_ptr, row, logits_stride, block, window, thresho
     threshold ties, in order, into the packed row from slot ``offset``.
     Returns (tokens written, threshold ties seen). ``window``: the row's
     valid tokens (start, end)."""
-    x, local = _block_tokens(logits_ptr, row, logits_stride, block, window[0], window[1])
+    x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
     score = _order(x)
     valid = score != 0
     tie = valid & (score == threshold)
@@ -790,7 +794,7 @@ def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, wi
     for j in tl.static_range(SPAN):
         block = span * SPAN + j
         if block < blocks:
-            x, _ = _block_tokens(logits_ptr, row, logits_stride, block, window[0], window[1])
+            x, _ = _block_tokens(logits_ptr, row, logits_stride, block, window)
             score = tl.reshape(_order(x), (BLOCK,))
             hist += _histogram(score, score != 0, high, SELECT_LOW)
     tl.store(histograms + span * 512 + AT + tl.arange(0, 256), hist)

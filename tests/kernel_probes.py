@@ -41,7 +41,7 @@ def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.co
     program_id(1): the counts land at the block's place in that row."""
     block = tl.program_id(0)
     scratch = scratch_ptr + tl.program_id(1).to(tl.int64) * scratch_stride
-    x, local = _block_tokens(x_ptr, 0, 0, block, 0, width)
+    x, local = _block_tokens(x_ptr, 0, 0, block, (0, width))
     _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
 
 
