@@ -641,7 +641,7 @@ def _write_span(out_row, logits_ptr, row, logits_stride, span, blocks, window, t
     block's count of kept tokens and of ties ([BLOCKS_P2], from the filter),
     and blocks with none to keep read nothing."""
     b = tl.arange(0, BLOCKS_P2)
-    for j in tl.static_range(SPAN):
+    for j in range(SPAN):
         block = span * SPAN + j
         if block < blocks:
             if KNOWN:
@@ -791,7 +791,7 @@ def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, wi
     SELECT_LOW, of the low byte of those whose high byte is ``high``), to
     word AT of the span's pair of histograms."""
     hist = tl.zeros((256,), dtype=tl.int32)
-    for j in tl.static_range(SPAN):
+    for j in range(SPAN):
         block = span * SPAN + j
         if block < blocks:
             x, _ = _block_tokens(logits_ptr, row, logits_stride, block, window)
