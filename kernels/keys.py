@@ -225,8 +225,13 @@ def flat_positions(flags):
     return tl.reshape(tl.cumsum(flat, axis=0), (flags.shape[0], flags.shape[1])) - flags
 
 
+@triton.constexpr_function
+def _power_of_2(n):
+    return triton.next_power_of_2(n)
+
+
 @triton.jit
-def emit_selected(keys, kappa, count, row, outputs, sizes, rank, TOPK: tl.constexpr, WORLD: tl.constexpr,
+def emit_selected(keys, kappa, count, row, outputs, sizes, rank, sort_row, TOPK: tl.constexpr, WORLD: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
                   EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr):
     """Write the keys >= kappa (a 2-D [ranks, slots] tensor in candidate
@@ -235,17 +240,23 @@ def emit_selected(keys, kappa, count, row, outputs, sizes, rank, TOPK: tl.conste
     key when SORTED), -1 after. ``outputs``: (ids_ptr, rows_ptr, valid_ptr,
     req_ptr, table_ptr); ``sizes``: (table_stride, num_reqs, num_blocks,
     block_size, stride_rows, rows_stride), as ``select.output_args`` builds
-    them."""
+    them. ``sort_row``: int64 scratch of at least TOPK rounded up to a power
+    of 2, which the sorted form compacts the chosen keys into, so that it
+    sorts those alone (a sort of the whole tile cost the rescue 11 s of
+    compilation at K = 256)."""
     ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr = outputs
     table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride = sizes
     chosen = (keys >= kappa) & (keys != 0)
-    if SORTED:
-        flat = tl.sort(tl.reshape(tl.where(chosen, keys, 0), (keys.shape[0] * keys.shape[1],)),
-                       descending=True)
-        keys = tl.reshape(flat, (1, keys.shape[0] * keys.shape[1]))
-        chosen = keys != 0
-    chosen_i = chosen.to(tl.int32)
-    slot = flat_positions(chosen_i)
+    if SORTED:  # the ``count`` chosen keys are compacted through ``sort_row`` and sorted alone
+        width: tl.constexpr = _power_of_2(TOPK)
+        tl.debug_barrier()  # every thread has read the tile (the rescue's came from ``sort_row``)
+        tl.store(sort_row + flat_positions(chosen.to(tl.int32)), keys, mask=chosen)
+        tl.debug_barrier()
+        slot = tl.arange(0, width)[None, :]
+        keys = tl.sort(tl.load(sort_row + slot, mask=slot < count, other=0), dim=1, descending=True)
+        chosen = slot < count
+    else:
+        slot = flat_positions(chosen.to(tl.int32))
     gid = (1 << GID_BITS) - 1 - (keys & ((1 << GID_BITS) - 1))
     if EMIT_IDS:
         ids_row = ids_ptr + row * TOPK

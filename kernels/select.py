@@ -44,9 +44,10 @@ OUTPUT_SIZES = ["table_stride", "num_reqs", "num_blocks", "block_size", "stride_
 
 @triton.jit(do_not_specialize=OUTPUT_SIZES)
 def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, waits, sat_ptr,
-                  ties_ptr, gather_ptr, epochs_ptr, max_rows, rank,
+                  selected_ptr, ties_ptr, gather_ptr, epochs_ptr, max_rows, rank,
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
-                  WORLD_P2: tl.constexpr, N_P2: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr,
+                  WORLD_P2: tl.constexpr, N_P2: tl.constexpr, KEYS: tl.constexpr, INTERLEAVE: tl.constexpr,
+                  GID_BITS: tl.constexpr,
                   EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
     """``outputs`` and the sizes after it: as ``output_args`` builds them;
     ``waits``: (flags_ptr, status_ptr, max_spins), the bounded wait's flags
@@ -65,8 +66,8 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
         keys = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N), N, PLANES, WORLD,
                            INTERLEAVE, GID_BITS)
         kappa, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
-        emit_selected(keys, kappa, selected, row, outputs, sizes, rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
-                      EMIT_ROWS, SORTED)
+        emit_selected(keys, kappa, selected, row, outputs, sizes, rank, selected_ptr + row * KEYS, TOPK, WORLD,
+                      INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
         # Saturated: all N words sent and the smallest >= kappa, that is all
         # N selected (empty slots and those past N never are): a count that
         # the emit also makes, in place of a minimum over the same tile.
@@ -172,8 +173,8 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                 slot = tl.arange(0, KEYS)
                 keys = tl.load(selected_row + slot, mask=slot < selected, other=0)[None, :]
                 kth = tl.full((), 1, tl.int64)  # every key left is selected
-            emit_selected(keys, kth, selected, row, outputs, sizes, rank, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS,
-                          EMIT_ROWS, SORTED)
+            emit_selected(keys, kth, selected, row, outputs, sizes, rank, selected_row, TOPK, WORLD, INTERLEAVE,
+                          GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
     if ok:
         tl.store(epochs_ptr + row, epoch)
 
@@ -220,16 +221,18 @@ def output_args(ids, rows, fallback) -> tuple:
 SELECT_WARPS = 8
 
 
-def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, max_rows, rank,
+def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, selected, max_rows, rank,
                   world_size, topk, local_topk, planes, interleave, gid_bits, max_spins, pdl) -> Launch:
     """Round 1's select: ids and/or rows of every row and its saturation
     state (a saturated rank's pushed list is built afterwards, by
-    ``pack.select_local``). ties: int64 [>= T, TIE_TILE] scratch."""
+    ``pack.select_local``). ties: int64 [>= T, TIE_TILE] and selected:
+    int64 [>= T, rescue_keys(K)] scratch (the rescue's; the select sorts
+    through it)."""
     return Launch(select_kernel, (num_rows,),
-                  (*output_args(ids, rows, epochs), (flags, status, max_spins), sat, ties, gather, epochs, max_rows,
-                   rank),
+                  (*output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
+                   max_rows, rank),
                   dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=_p2(world_size),
-                       N_P2=_p2(local_topk), INTERLEAVE=interleave, GID_BITS=gid_bits, EMIT_IDS=ids is not None,
+                       N_P2=_p2(local_topk), KEYS=rescue_keys(topk), INTERLEAVE=interleave, GID_BITS=gid_bits, EMIT_IDS=ids is not None,
                        EMIT_ROWS=rows is not None, SORTED=sorted, PDL=pdl), SELECT_WARPS)
 
 

@@ -243,7 +243,7 @@ class TritonBackend:
     def _common(ws: DcpTopkWorkspace, rows: int, out: Outputs) -> dict:
         return dict(num_rows=rows, ids=out.ids, rows=out.rows, sorted=out.sorted, sat=ws.sat,
                     status=ws.status, gather=ws.gather.local, flags=ws.flags.local, epochs=ws.epochs,
-                    ties=ws.ties, max_rows=ws.max_rows, rank=ws.rank, world_size=ws.world_size, topk=ws.topk,
+                    ties=ws.ties, selected=ws.selected, max_rows=ws.max_rows, rank=ws.rank, world_size=ws.world_size, topk=ws.topk,
                     local_topk=ws.local_topk, planes=ws.planes, interleave=ws.interleave, gid_bits=ws.gid_bits,
                     max_spins=max(1, int(ws.timeout_s * SPINS_PER_SECOND[ws.device.type])), pdl=ws.pdl)
 
@@ -267,7 +267,7 @@ class TritonBackend:
     def rescue(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
         from .kernels import select
 
-        select.rescue(**cls._common(ws, rows, out), selected=ws.selected, slots=ws.slots, recv=ws.recv.local)
+        select.rescue(**cls._common(ws, rows, out), slots=ws.slots, recv=ws.recv.local)
 
 
 # ------------------------------------------------------------- sequence

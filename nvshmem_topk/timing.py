@@ -19,17 +19,17 @@ class SimulatedMerge:
     """The whole merge of ``logits`` [W, T, S] over a simulated group of W
     ranks, on workspaces built once so that calls can be captured in a CUDA
     graph. Call it to merge; ``workspaces``, ``outputs`` and ``ids``
-    (int32 [W, T, K]) stay for checks and stage timings. ``destroy()``
-    frees the group."""
+    (int32 [W, T, K], by descending key when ``sorted``) stay for checks and
+    stage timings. ``destroy()`` frees the group."""
 
     def __init__(self, logits: torch.Tensor, row_ends: torch.Tensor, topk: int, impl: str,
-                 interleave: int = 1) -> None:
+                 interleave: int = 1, sorted: bool = False) -> None:
         world_size, rows, width = logits.shape
         self.group = SimulatedGroup(world_size, logits.device)
         self.workspaces = [init_dcp_topk_merge(g, max_rows=rows, topk=topk, max_local_len=width, impl=impl,
                                                interleave=interleave) for g in self.group.ranks]
         self.ids = torch.empty(world_size, rows, topk, dtype=torch.int32, device=logits.device)
-        self.outputs = [Outputs(self.ids[r], None, False) for r in range(world_size)]
+        self.outputs = [Outputs(self.ids[r], None, sorted) for r in range(world_size)]
         self._inputs = (list(logits), list(row_ends))
         self._rows = rows
 

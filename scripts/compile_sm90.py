@@ -92,12 +92,12 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
     kv = RowsOutput(torch.zeros(rows, **i32), table, 64, 64, torch.zeros(rows, topk, **i32), torch.zeros(rows, **i32))
     common = dict(num_rows=rows, ids=torch.zeros(rows, topk, **i32), rows=kv, sorted=False, sat=sat, status=status,
                   gather=torch.zeros(1, **i32), flags=torch.zeros(1, **i32), epochs=epochs,
-                  ties=torch.zeros(rows, select.TIE_TILE, dtype=torch.int64), max_rows=max_rows,
+                  ties=torch.zeros(rows, select.TIE_TILE, dtype=torch.int64),
+                  selected=torch.zeros(rows, select.rescue_keys(topk), dtype=torch.int64), max_rows=max_rows,
                   rank=0, world_size=world_size, topk=topk, local_topk=local_topk, planes=planes,
                   interleave=interleave, gid_bits=gid_bits, max_spins=1000, pdl=True)
     yield select.select_launch(**common)
-    yield select.rescue_launch(**common, selected=torch.zeros(rows, select.rescue_keys(topk), dtype=torch.int64),
-                               recv=torch.zeros(1, **i32), slots=slots)
+    yield select.rescue_launch(**common, recv=torch.zeros(1, **i32), slots=slots)
 
 
 def compile_one(launch, extern_libs=None) -> dict:
