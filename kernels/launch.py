@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
-from concurrent.futures import ThreadPoolExecutor
+import warnings
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 _COMPILE_ONLY = contextvars.ContextVar("nvshmem_topk_compile_only", default=False)
@@ -39,18 +41,64 @@ class Launch:
             self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, **options)
 
 
+class _ForkedCompiles(Executor):
+    """The executor of Triton's AsyncCompileMode inside ``compile_only``:
+    it holds every compile until ``run()``, which forks processes that
+    compile them into Triton's file cache, then compiles each again here,
+    where it finds its files. (Triton's code generation and MLIR passes hold
+    the GIL, so the threads of one process compile mostly one at a time.)"""
+
+    def __init__(self, processes: int | None):
+        self.processes = processes or os.cpu_count() or 1
+        self.jobs: list[tuple[Future, functools.partial]] = []
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future = Future()
+        self.jobs.append((future, functools.partial(fn, *args, **kwargs)))
+        return future
+
+    def run(self) -> None:
+        jobs, self.jobs = self.jobs, []
+        read_end, write_end = os.pipe()  # job numbers, 4 bytes each, taken one at a time by whichever child is free
+        os.write(write_end, b"".join(i.to_bytes(4, "little") for i in range(len(jobs))))
+        os.close(write_end)
+        children = []
+        with warnings.catch_warnings():  # forking a threaded process: the children only compile, then _exit
+            warnings.simplefilter("ignore", DeprecationWarning)
+            for _ in range(min(self.processes, len(jobs))):
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        while number := os.read(read_end, 4):
+                            with contextlib.suppress(BaseException):  # the compile below raises it again
+                                jobs[int.from_bytes(number, "little")][1]()
+                    finally:
+                        os._exit(0)
+                children.append(pid)
+        os.close(read_end)
+        for pid in children:
+            os.waitpid(pid, 0)
+        for future, job in jobs:
+            try:
+                future.set_result(job())
+            except Exception as error:
+                future.set_exception(error)
+
+
 @contextlib.contextmanager
-def compile_only(threads: int | None = None):
-    """Within it, launches run nothing: they compile their kernel variants
-    on ``threads`` threads (default one per CPU; Triton's AsyncCompileMode).
-    On exit every variant is compiled and in Triton's in-process cache.
-    (Triton's code generation and some of its MLIR passes hold the GIL, so
-    this is about 2.5x faster than compiling one after another, not Nx.)"""
+def compile_only(processes: int | None = None):
+    """Within it, launches run nothing: they record their kernel variants
+    (Triton's AsyncCompileMode), which are compiled on exit by ``processes``
+    forked processes (default one per CPU) and then found in Triton's cache.
+    On exit every variant is in Triton's in-process cache; a compile error
+    is raised again by the launch that needs the variant."""
     import triton
 
-    with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool, triton.AsyncCompileMode(pool):
+    compiles = _ForkedCompiles(processes)
+    with triton.AsyncCompileMode(compiles, ignore_errors=True):
         token = _COMPILE_ONLY.set(True)
         try:
             yield
         finally:
             _COMPILE_ONLY.reset(token)
+            compiles.run()

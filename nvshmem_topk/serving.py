@@ -87,8 +87,8 @@ class DcpTopkIndexer:
         stride of a multiple of 16 elements, int32 row ends and no row
         starts (as engines pass them at decode; another stride or dtype, or
         row starts, compile at their first merge). On GPUs the
-        merges first run compile-only, their variants compiled at once on a
-        thread per CPU, then for real. Collective."""
+        merges first run compile-only, their variants compiled at once by
+        forked processes, one per CPU, then for real. Collective."""
         forms = [(r, s) for r in (False, True) if rows in (None, r) for s in (False, True) if sorted in (None, s)]
         if self.workspaces[0].impl == "triton" and self.group.device.type == "cuda":
             from .kernels import launch

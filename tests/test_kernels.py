@@ -647,6 +647,45 @@ def test_a_merge_allocates_nothing_in_the_kernels_launchers(monkeypatch, device)
         merge.destroy()
 
 
+_FORKED_COMPILES = """
+import sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from nvshmem_topk.kernels.launch import _ForkedCompiles
+from kernel_probes import radix_boundary_kernel
+
+hits = []
+triton.knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+src = ASTSource(fn=radix_boundary_kernel, signature={"out_ptr": "*i32", "hist_ptr": "*i32", "need_ptr": "*i32"})
+def job(warps):
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+def broken():
+    raise ValueError("no such variant")
+compiles = _ForkedCompiles(2)
+futures = [compiles.submit(job, warps) for warps in (1, 2, 4)] + [compiles.submit(broken)]
+compiles.run()
+assert [f.result().metadata.num_warps for f in futures[:3]] == [1, 2, 4]
+assert isinstance(futures[3].exception(), ValueError)
+print(hits)
+"""
+
+
+def test_forked_compiles_leave_every_variant_in_the_cache_for_this_process(tmp_path):
+    """compile_only's executor: forked processes compile the submitted jobs
+    (here three sm_90 variants of a probe kernel) into Triton's file cache,
+    so that each job run again in this process is a cache hit; a job that
+    fails gives its future the error. (A subprocess: the suite runs under
+    the interpreter, which compiles nothing.)"""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", _FORKED_COMPILES], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[True,", "True,", "True]"], out.stdout
+
+
 def test_compile_only_launches_compile_the_same_variant_and_run_nothing():
     """Within launch.compile_only() a Launch calls its kernel's warmup with
     the arguments, constexprs and options it would launch with (so it
@@ -665,7 +704,7 @@ def test_compile_only_launches_compile_the_same_variant_and_run_nothing():
 
     kernel = Kernel()
     launch = Launch(kernel, (3, 2), (torch.zeros(1), (5, None)), dict(N=32, PDL=False), 4)
-    with compile_only(threads=2):
+    with compile_only(processes=2):
         launch()
     launch()
     assert len(kernel.launches) == 1 and len(kernel.warmups) == 1, "inside: compiled, not launched"

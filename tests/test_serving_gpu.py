@@ -77,6 +77,35 @@ def test_nothing_compiles_after_warmup_at_any_width_or_batch_size():
     indexer.destroy()
 
 
+def test_warmup_at_deepseek_k_then_nothing_compiles():
+    """The warm-up at DeepSeek-V3.2's K = 2048, N = 384 (its default at
+    W = 8) and 131072 local tokens (1M over 8 ranks), on a one-rank group
+    (so every row saturates and the pushed list and rescue run): prints its
+    time and variant count; merges of every form and width class after it
+    compile nothing."""
+    import nvshmem_topk as nt
+
+    indexer = nt.DcpTopkIndexer(nt.SimulatedGroup(1, "cuda").ranks[0], max_rows=64, topk=2048, local_topk=384,
+                                max_local_len=131072, micro_batches=2)
+    start = time.monotonic()
+    indexer.warmup()
+    torch.cuda.synchronize()
+    warm_s, compiled = time.monotonic() - start, _variants()
+    print(f"warmup at K = 2048: {warm_s:.1f} s, {sum(map(len, compiled.values()))} variants")
+    gen = torch.Generator().manual_seed(1)
+    buffer = torch.randn(64, 131072, generator=gen).bfloat16().cuda()  # a row stride of a multiple of 16 elements
+    for i, width in enumerate((1, 5000, 16384, 16385, 131072)):
+        logits = buffer[:, :width]
+        ends = torch.randint(0, width + 1, (64,), generator=gen, dtype=torch.int32)
+        ids = torch.empty(64, 2048, dtype=torch.int32, device="cuda")
+        indexer.dcp_topk_merge(logits, ends.cuda(), ids, micro_batch=i % 2, sorted=i % 2 == 1)
+        assert_exact(ids.cpu()[None], oracle_topk(logits.cpu()[None], ends[None], 2048), ordered=i % 2 == 1,
+                     context=f"width {width}")
+    new = {name: keys - compiled[name] for name, keys in _variants().items() if keys - compiled[name]}
+    assert not new, f"merges compiled variants after warmup(): {new}"
+    indexer.destroy()
+
+
 def test_graphs_per_batch_size_replay_exact_on_two_micro_batches():
     """Graphs captured per batch size on two micro-batches' workspaces
     (``batch_graphs``); the NVSHMEM group's form is in test_nvshmem.py."""
