@@ -226,7 +226,7 @@ def flat_positions(flags):
 
 
 @triton.constexpr_function
-def _power_of_2(n):
+def power_of_2(n):
     return triton.next_power_of_2(n)
 
 
@@ -234,29 +234,37 @@ def _power_of_2(n):
 def emit_selected(keys, kappa, count, row, outputs, sizes, rank, sort_row, TOPK: tl.constexpr, WORLD: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
                   EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr):
-    """Write the keys >= kappa (a 2-D [ranks, slots] tensor in candidate
-    order; ``count`` of them, known to the caller) as ids and/or this rank's
-    physical rows of ``row``: compacted in candidate order (or by descending
-    key when SORTED), -1 after. ``outputs``: (ids_ptr, rows_ptr, valid_ptr,
-    req_ptr, table_ptr); ``sizes``: (table_stride, num_reqs, num_blocks,
-    block_size, stride_rows, rows_stride), as ``select.output_args`` builds
-    them. ``sort_row``: int64 scratch of at least TOPK rounded up to a power
-    of 2, which the sorted form compacts the chosen keys into, so that it
-    sorts those alone (a sort of the whole tile cost the rescue 11 s of
-    compilation at K = 256)."""
-    ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr = outputs
-    table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride = sizes
+    """The keys >= kappa of a 2-D [ranks, slots] tensor in candidate order
+    (``count`` of them, known to the caller): written as ids and/or this
+    rank's physical rows of ``row`` (``write_outputs``) in candidate order;
+    or, when SORTED, stored in candidate order to ``sort_row`` (int64, TOPK
+    rounded up to a power of 2 of them, zeros after the last), which
+    ``select.order_kernel`` then sorts and writes. A sort is a kernel of its
+    own: inside the select and the rescue it cost each 5 to 13 s of
+    compilation."""
     chosen = (keys >= kappa) & (keys != 0)
-    if SORTED:  # the ``count`` chosen keys are compacted through ``sort_row`` and sorted alone
-        width: tl.constexpr = _power_of_2(TOPK)
+    if SORTED:
+        width: tl.constexpr = power_of_2(TOPK)
         tl.debug_barrier()  # every thread has read the tile (the rescue's came from ``sort_row``)
         tl.store(sort_row + flat_positions(chosen.to(tl.int32)), keys, mask=chosen)
-        tl.debug_barrier()
-        slot = tl.arange(0, width)[None, :]
-        keys = tl.sort(tl.load(sort_row + slot, mask=slot < count, other=0), dim=1, descending=True)
-        chosen = slot < count
+        slot = tl.arange(0, width)
+        tl.store(sort_row + slot, tl.zeros((width,), dtype=tl.int64), mask=slot >= count)
     else:
-        slot = flat_positions(chosen.to(tl.int32))
+        write_outputs(keys, chosen, flat_positions(chosen.to(tl.int32)), count, row, outputs, sizes, rank, TOPK,
+                      WORLD, INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS)
+
+
+@triton.jit
+def write_outputs(keys, chosen, slot, count, row, outputs, sizes, rank, TOPK: tl.constexpr, WORLD: tl.constexpr,
+                  INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
+                  EMIT_ROWS: tl.constexpr):
+    """The ``count`` chosen ``keys`` (2-D) of ``row`` as ids at ``slot``
+    and/or as this rank's physical rows, compacted in the same order, -1
+    after. ``outputs``: (ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr);
+    ``sizes``: (table_stride, num_reqs, num_blocks, block_size, stride_rows,
+    rows_stride), as ``select.output_args`` builds them."""
+    ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr = outputs
+    table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride = sizes
     gid = (1 << GID_BITS) - 1 - (keys & ((1 << GID_BITS) - 1))
     if EMIT_IDS:
         ids_row = ids_ptr + row * TOPK

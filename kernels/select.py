@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .. import format as fmt
 from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, SCORE_BITS, TIE_TILE, decode_keys, emit_selected, kth_largest,
-                   radix_boundary, radix_digit_histogram)
+                   power_of_2, radix_boundary, radix_digit_histogram, write_outputs)
 from .exchange import call_epoch, gather_slot
 from .launch import Launch
 from .sync import after_prior_kernel, record_timeout, wait_flags_at_least
@@ -202,6 +202,32 @@ def _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE:
     return prefix
 
 
+@triton.jit(do_not_specialize=OUTPUT_SIZES + ["rescued_only"])
+def order_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, sat_ptr,
+                 status_ptr, selected_ptr, rescued_only, rank, TOPK: tl.constexpr, KEYS: tl.constexpr,
+                 WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
+                 EMIT_ROWS: tl.constexpr, PDL: tl.constexpr):
+    """Sorted outputs: the keys that the select (or, with ``rescued_only``,
+    the rescue, on rows with saturated ranks) left in the row's scratch
+    (``selected_ptr``, [T, KEYS] int64: TOPK rounded up to a power of 2 of
+    them, zeros after the last), by descending key, written as the emit
+    writes them. Nothing once a wait has expired (``status_ptr``): the
+    stage that waited wrote no keys."""
+    after_prior_kernel(PDL)
+    sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
+    row = tl.program_id(0).to(tl.int64)
+    todo = tl.load(status_ptr) == 0
+    if rescued_only:
+        todo = todo & ((tl.load(sat_ptr + row) >> SAT_MASK_SHIFT) != 0)
+    if todo:
+        slot = tl.arange(0, power_of_2(TOPK))[None, :]
+        keys = tl.sort(tl.load(selected_ptr + row * KEYS + slot), dim=1, descending=True)
+        chosen = keys != 0
+        count = tl.sum(tl.sum(chosen.to(tl.int32), axis=1), axis=0)
+        write_outputs(keys, chosen, slot, count, row, outputs, sizes, rank, TOPK, WORLD, INTERLEAVE, GID_BITS,
+                      EMIT_IDS, EMIT_ROWS)
+
+
 def _p2(n: int) -> int:
     return triton.next_power_of_2(n)
 
@@ -221,6 +247,13 @@ def output_args(ids, rows, fallback) -> tuple:
 SELECT_WARPS = 8
 
 
+def _emits(ids, rows, sorted) -> dict:
+    """What the select and the rescue write: the outputs given, or, sorted,
+    only the chosen keys, for ``order_kernel`` (so the two forms share one
+    variant)."""
+    return dict(EMIT_IDS=ids is not None and not sorted, EMIT_ROWS=rows is not None and not sorted, SORTED=sorted)
+
+
 def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, selected, max_rows, rank,
                   world_size, topk, local_topk, planes, interleave, gid_bits, max_spins, pdl) -> Launch:
     """Round 1's select: ids and/or rows of every row and its saturation
@@ -232,8 +265,8 @@ def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
                   (*output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
                    max_rows, rank),
                   dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=_p2(world_size),
-                       N_P2=_p2(local_topk), KEYS=rescue_keys(topk), INTERLEAVE=interleave, GID_BITS=gid_bits, EMIT_IDS=ids is not None,
-                       EMIT_ROWS=rows is not None, SORTED=sorted, PDL=pdl), SELECT_WARPS)
+                       N_P2=_p2(local_topk), KEYS=rescue_keys(topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
+                       **_emits(ids, rows, sorted), PDL=pdl), SELECT_WARPS)
 
 
 RESCUE_TILE = 1024
@@ -257,15 +290,30 @@ def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
                   dict(TOPK=topk, LIST=fmt.list_len(topk), N=local_topk, PLANES=planes, SLOTS=max(slots, 1),
                        WORLD=world_size,
                        WORLD_P2=_p2(world_size), KEYS=keys, TILE=RESCUE_TILE, INTERLEAVE=interleave,
-                       GID_BITS=gid_bits, EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, SORTED=sorted,
-                       PDL=pdl), min(16, keys // 256))
+                       GID_BITS=gid_bits, **_emits(ids, rows, sorted), PDL=pdl), min(16, keys // 256))
+
+
+def order_launch(*, num_rows, ids, rows, sat, status, selected, rescued_only, rank, world_size, topk, interleave,
+                 gid_bits, pdl, **_) -> Launch:
+    """The sorted form's writes after the select (``rescued_only`` False)
+    and after the rescue (True); the arguments as the select's (the others
+    of theirs are ignored)."""
+    width = triton.next_power_of_2(topk)
+    return Launch(order_kernel, (num_rows,),
+                  (*output_args(ids, rows, status), sat, status, selected, int(rescued_only), rank),
+                  dict(TOPK=topk, KEYS=rescue_keys(topk), WORLD=world_size, INTERLEAVE=interleave, GID_BITS=gid_bits,
+                       EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, PDL=pdl), min(16, max(4, width // 128)))
 
 
 def select(**kw) -> None:
     if kw["num_rows"]:
         select_launch(**kw)()
+        if kw["sorted"]:
+            order_launch(**kw, rescued_only=False)()
 
 
 def rescue(**kw) -> None:
     if kw["num_rows"]:
         rescue_launch(**kw)()
+        if kw["sorted"]:
+            order_launch(**kw, rescued_only=True)()

@@ -98,6 +98,7 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
                   interleave=interleave, gid_bits=gid_bits, max_spins=1000, pdl=True)
     yield select.select_launch(**common)
     yield select.rescue_launch(**common, recv=torch.zeros(1, **i32), slots=slots)
+    yield select.order_launch(**common, rescued_only=True)
 
 
 def compile_one(launch, extern_libs=None) -> dict:
