@@ -9,6 +9,8 @@ import contextlib
 import contextvars
 import functools
 import os
+import signal
+import time
 import warnings
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
@@ -46,10 +48,13 @@ class _ForkedCompiles(Executor):
     it holds every compile until ``run()``, which forks processes that
     compile them into Triton's file cache, then compiles each again here,
     where it finds its files. (Triton's code generation and MLIR passes hold
-    the GIL, so the threads of one process compile mostly one at a time.)"""
+    the GIL, so the threads of one process compile mostly one at a time.)
+    Children still running after ``bound_s`` are killed; what they did not
+    compile is then compiled here."""
 
-    def __init__(self, processes: int | None):
+    def __init__(self, processes: int | None, bound_s: float = 300.0):
         self.processes = processes or os.cpu_count() or 1
+        self.bound_s = bound_s
         self.jobs: list[tuple[Future, functools.partial]] = []
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
@@ -76,8 +81,14 @@ class _ForkedCompiles(Executor):
                         os._exit(0)
                 children.append(pid)
         os.close(read_end)
+        deadline = time.monotonic() + self.bound_s
         for pid in children:
-            os.waitpid(pid, 0)
+            while os.waitpid(pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    break
+                time.sleep(0.01)
         for future, job in jobs:
             try:
                 future.set_result(job())

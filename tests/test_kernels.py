@@ -686,6 +686,27 @@ def test_forked_compiles_leave_every_variant_in_the_cache_for_this_process(tmp_p
     assert out.stdout.split() == ["[True,", "True,", "True]"], out.stdout
 
 
+def test_forked_compiles_kill_a_child_past_the_bound_and_compile_here():
+    """A child still compiling after the bound is killed and its job runs
+    in this process instead: run() returns, nothing hangs."""
+    import time
+
+    from nvshmem_topk.kernels.launch import _ForkedCompiles
+
+    parent = os.getpid()
+
+    def job():
+        if os.getpid() != parent:
+            time.sleep(60)  # a child that would hold the warm-up for a minute
+        return 7
+
+    compiles = _ForkedCompiles(1, bound_s=0.5)
+    future = compiles.submit(job)
+    start = time.monotonic()
+    compiles.run()
+    assert time.monotonic() - start < 10 and future.result() == 7
+
+
 def test_compile_only_launches_compile_the_same_variant_and_run_nothing():
     """Within launch.compile_only() a Launch calls its kernel's warmup with
     the arguments, constexprs and options it would launch with (so it
