@@ -15,12 +15,13 @@ pytestmark = pytest.mark.gpu
 WIDTH, ROWS, TOPK = 20000, 16, 256  # rows on both sides of the pack's short-row bound (16384)
 
 
-def _indexer(micro_batches: int, max_rows: int = ROWS, width: int = WIDTH):
+def _indexer(micro_batches: int, max_rows: int = ROWS, width: int = WIDTH, topk: int = TOPK,
+             local_topk: int = TOPK):
     import nvshmem_topk as nt
 
-    # One rank whose N is K: it is saturated on every row, so the pushed list and the rescue run too.
-    return nt.DcpTopkIndexer(nt.SimulatedGroup(1, "cuda").ranks[0], max_rows=max_rows, topk=TOPK, local_topk=TOPK,
-                             max_local_len=width, micro_batches=micro_batches)
+    # One rank whose N is at most K: it is saturated on every row, so the pushed list and the rescue run too.
+    return nt.DcpTopkIndexer(nt.SimulatedGroup(1, "cuda").ranks[0], max_rows=max_rows, topk=topk,
+                             local_topk=local_topk, max_local_len=width, micro_batches=micro_batches)
 
 
 def _variants() -> dict[str, set]:
@@ -33,6 +34,18 @@ def _variants() -> dict[str, set]:
 
     kernels = {v for m in (exchange, pack, select) for v in vars(m).values() if isinstance(v, triton.JITFunction)}
     return {k.__name__: {key for caches in k.device_caches.values() for key in caches[0]} for k in kernels}
+
+
+def _timed_warmup(indexer, label: str) -> dict[str, set]:
+    """indexer.warmup(), timed: prints its time and how many variants it
+    compiled; returns every compiled variant after it."""
+    before = _variants()
+    start = time.monotonic()
+    indexer.warmup()
+    torch.cuda.synchronize()
+    warm_s, compiled = time.monotonic() - start, _variants()
+    print(f"warmup {label}: {warm_s:.1f} s, {sum(len(keys - before[k]) for k, keys in compiled.items())} variants")
+    return compiled
 
 
 def _merge(indexer, logits, ends, form: int, micro_batch: int = 0) -> torch.Tensor:
@@ -55,11 +68,7 @@ def _merge(indexer, logits, ends, form: int, micro_batch: int = 0) -> torch.Tens
 
 def test_nothing_compiles_after_warmup_at_any_width_or_batch_size():
     indexer = _indexer(micro_batches=2)
-    start = time.monotonic()
-    indexer.warmup()
-    torch.cuda.synchronize()
-    warm_s, compiled = time.monotonic() - start, _variants()
-    print(f"warmup {warm_s:.1f} s, {sum(map(len, compiled.values()))} variants")
+    compiled = _timed_warmup(indexer, f"at K = {TOPK}")
     gen = torch.Generator().manual_seed(0)
     buffer = torch.randn(ROWS, WIDTH, generator=gen).bfloat16().cuda()  # a stride of a multiple of 16 elements
     widths = [*range(1, 300), *range(300, WIDTH + 1, 97), 16383, 16384, 16385, WIDTH - 1, WIDTH]
@@ -83,15 +92,8 @@ def test_warmup_at_deepseek_k_then_nothing_compiles():
     (so every row saturates and the pushed list and rescue run): prints its
     time and variant count; merges of every form and width class after it
     compile nothing."""
-    import nvshmem_topk as nt
-
-    indexer = nt.DcpTopkIndexer(nt.SimulatedGroup(1, "cuda").ranks[0], max_rows=64, topk=2048, local_topk=384,
-                                max_local_len=131072, micro_batches=2)
-    start = time.monotonic()
-    indexer.warmup()
-    torch.cuda.synchronize()
-    warm_s, compiled = time.monotonic() - start, _variants()
-    print(f"warmup at K = 2048: {warm_s:.1f} s, {sum(map(len, compiled.values()))} variants")
+    indexer = _indexer(micro_batches=2, max_rows=64, width=131072, topk=2048, local_topk=384)
+    compiled = _timed_warmup(indexer, "at K = 2048")
     gen = torch.Generator().manual_seed(1)
     buffer = torch.randn(64, 131072, generator=gen).bfloat16().cuda()  # a row stride of a multiple of 16 elements
     for i, width in enumerate((1, 5000, 16384, 16385, 131072)):
