@@ -53,7 +53,7 @@ class _ForkedCompiles(Executor):
     compile is then compiled here."""
 
     def __init__(self, processes: int | None, bound_s: float = 300.0):
-        self.processes = processes or os.cpu_count() or 1
+        self.processes = (os.cpu_count() or 1) if processes is None else processes
         self.bound_s = bound_s
         self.jobs: list[tuple[Future, functools.partial]] = []
 
@@ -100,7 +100,8 @@ class _ForkedCompiles(Executor):
 def compile_only(processes: int | None = None):
     """Within it, launches run nothing: they record their kernel variants
     (Triton's AsyncCompileMode), which are compiled on exit by ``processes``
-    forked processes (default one per CPU) and then found in Triton's cache.
+    forked processes (default one per CPU; 0: none, all compiled here) and
+    then found in Triton's cache.
     On exit every variant is in Triton's in-process cache; a compile error
     is raised again by the launch that needs the variant."""
     import triton

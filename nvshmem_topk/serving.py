@@ -77,7 +77,8 @@ class DcpTopkIndexer:
                                 rows_out=rows_out, valid_out=valid_out, ids_out=ids_out, packed=packed,
                                 sorted=sorted, row_starts=row_starts)
 
-    def warmup(self, *, rows: bool | None = None, sorted: bool | None = None) -> None:
+    def warmup(self, *, rows: bool | None = None, sorted: bool | None = None,
+               processes: int | None = None) -> None:
         """Compiles every kernel variant the indexer can launch, before graph
         capture: a merge on every workspace for each of the pack's width
         classes and each output form (``rows``: physical rows or ids,
@@ -88,14 +89,16 @@ class DcpTopkIndexer:
         starts (as engines pass them at decode; another stride or dtype, or
         row starts, compile at their first merge). On GPUs the
         merges first run compile-only, their variants compiled at once by
-        forked processes, one per CPU, then for real. Collective."""
+        ``processes`` forked processes (default one per CPU; 0: in this
+        process, one after another, for a process that must not fork), then
+        for real. Collective."""
         forms = [(r, s) for r in (False, True) if rows in (None, r) for s in (False, True) if sorted in (None, s)]
         if self.workspaces[0].impl == "triton" and self.group.device.type == "cuda":
             from .kernels import launch
 
             # Compile-only merges run the host side only (a collective exchange's copy into the local
             # gather buffer at the coming epoch), which the merges below repeat in stream order.
-            with launch.compile_only():
+            with launch.compile_only(processes):
                 self._merge_every_variant(forms)
         self._merge_every_variant(forms)
 

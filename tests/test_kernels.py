@@ -707,6 +707,24 @@ def test_forked_compiles_kill_a_child_past_the_bound_and_compile_here():
     assert time.monotonic() - start < 10 and future.result() == 7
 
 
+def test_forked_compiles_with_no_processes_compile_here(tmp_path):
+    """processes=0 (a process that must not fork): every job runs here,
+    once, and nowhere else."""
+    from nvshmem_topk.kernels.launch import _ForkedCompiles
+
+    log = tmp_path / "pids"
+
+    def job():
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    compiles = _ForkedCompiles(0)
+    for _ in range(3):
+        compiles.submit(job)
+    compiles.run()
+    assert log.read_text().split() == [str(os.getpid())] * 3
+
+
 def test_compile_only_launches_compile_the_same_variant_and_run_nothing():
     """Within launch.compile_only() a Launch calls its kernel's warmup with
     the arguments, constexprs and options it would launch with (so it
