@@ -10,7 +10,7 @@ import nvshmem_topk as nt
 
 
 def drive(logits, ends, *, topk, local_topk, interleave=1, impl="reference", sorted=False,
-          block_size=16, stride_rows=64, starts=None):
+          block_size=16, stride_rows=64, starts=None, with_ids=True):
     world, rows, width = logits.shape
     device = logits.device
     group = nt.SimulatedGroup(world, device)
@@ -28,19 +28,23 @@ def drive(logits, ends, *, topk, local_topk, interleave=1, impl="reference", sor
                           torch.full((rows, topk + 2), -7, dtype=torch.int32, device=device),
                           torch.full((rows,), -7, dtype=torch.int32, device=device)) for _ in range(world)]
     first = [None if starts is None else starts[r] for r in range(world)]
+
+    def ids_out(r):  # without ids, only the rows output is asked (state["ids"] stays as filled)
+        return state["ids"][r] if with_ids else None
+
     packed = [nt.dcp_topk_pack(logits[r], ends[r], local_topk=wss[r].local_topk, max_local_len=max(width, 1),
                                impl=impl, row_starts=first[r]) for r in range(world)]
     state["packed"] = torch.stack(packed)
     for r, ws in enumerate(wss):
         nt.dcp_topk_exchange(packed[r], workspace=ws)
     for r, ws in enumerate(wss):
-        nt.dcp_topk_select(logits[r], ends[r], workspace=ws, num_rows=rows, ids_out=state["ids"][r],
+        nt.dcp_topk_select(logits[r], ends[r], workspace=ws, num_rows=rows, ids_out=ids_out(r),
                            rows=outs[r], sorted=sorted, row_starts=first[r])
     state["round1_ids"] = state["ids"].clone()
     state["sat"] = torch.stack([ws.sat[:rows].clone() for ws in wss])
     state["pushed"] = torch.stack([ws.recv.local[:rows].clone() for ws in wss])
     for r, ws in enumerate(wss):
-        nt.dcp_topk_rescue(logits[r], ends[r], workspace=ws, num_rows=rows, ids_out=state["ids"][r],
+        nt.dcp_topk_rescue(logits[r], ends[r], workspace=ws, num_rows=rows, ids_out=ids_out(r),
                            rows=outs[r], sorted=sorted)
     for ws in wss:
         ws.check()

@@ -136,9 +136,11 @@ def test_sorted_output_and_planes_match_reference(device):
 @needs_triton
 @pytest.mark.parametrize("topk", [45, 96])
 def test_sorted_output_with_a_saturated_rank_and_k_not_a_power_of_2(topk, device):
-    """The sorted emit sorts the chosen keys alone (K rounded up to a power
-    of 2 of them), in the select and in the rescue: rank 0 holds the best
-    scores of row 0 (saturated), row 1 is all ties, row 2 ends short."""
+    """Sorted outputs come from the sort kernel, which sorts the chosen
+    keys alone (K rounded up to a power of 2 of them), after the select and
+    after the rescue: rank 0 holds the best scores of row 0 (saturated),
+    row 1 is all ties, row 2 ends short. The rows output asked alone (no
+    ids) is the same."""
     gen = torch.Generator().manual_seed(topk)
     logits = torch.randn(2, 3, 300, generator=gen).bfloat16()
     logits[0, 0, :150] += 4.0
@@ -147,6 +149,9 @@ def test_sorted_output_with_a_saturated_rank_and_k_not_a_power_of_2(topk, device
     got = _same_at_every_stage(logits.to(device), ends.to(device), topk=topk, local_topk=32, sorted=True)
     assert (got["sat"][0, 0] >> 47).item() & 1, "rank 0 is saturated on row 0"
     assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, topk), ordered=True)
+    rows_only = _same_at_every_stage(logits.to(device), ends.to(device), topk=topk, local_topk=32, sorted=True,
+                                     with_ids=False)
+    assert torch.equal(rows_only["rows_out"], got["rows_out"]), "the rows alone, as beside the ids"
 
 
 @needs_triton
