@@ -535,8 +535,10 @@ def test_pack_indices_kernel_matches_reference(device):
 
 
 @needs_triton
-def test_kernel_timeout_records_status_and_raises(device):
-
+@pytest.mark.parametrize("sorted_", [False, True])
+def test_kernel_timeout_records_status_and_raises(sorted_, device):
+    """A select whose wait expires writes nothing (nor, sorted, does the
+    sort kernel after it) and records the wait."""
     group = nt.SimulatedGroup(2, device)
     ws = [nt.init_dcp_topk_merge(g, max_rows=1, topk=32, max_local_len=64, timeout_s=0.01, impl="triton")
           for g in group.ranks]
@@ -544,12 +546,13 @@ def test_kernel_timeout_records_status_and_raises(device):
     ends = torch.full((1,), 64, dtype=torch.int32, device=device)
     nt.dcp_topk_exchange(nt.dcp_topk_pack(logits, ends, local_topk=32, max_local_len=64, impl="triton"),
                          workspace=ws[0])
-    ids = torch.empty(1, 32, dtype=torch.int32, device=device)
-    nt.dcp_topk_select(logits, ends, workspace=ws[0], num_rows=1, ids_out=ids)
+    ids = torch.full((1, 32), -7, dtype=torch.int32, device=device)
+    nt.dcp_topk_select(logits, ends, workspace=ws[0], num_rows=1, ids_out=ids, sorted=sorted_)
     if device == "cuda":
         torch.cuda.synchronize()
     with pytest.raises(nt.DcpTopkTimeoutError, match="rank 1's flag of row 0, epoch 1"):
         ws[0].check()
+    assert (ids == -7).all(), "nothing is written after an expired wait"
 
 
 @needs_triton
