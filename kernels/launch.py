@@ -53,7 +53,7 @@ class _ForkedCompiles(Executor):
     compile is then compiled here."""
 
     def __init__(self, processes: int | None, bound_s: float = 300.0):
-        self.processes = (os.cpu_count() or 1) if processes is None else processes
+        self.processes = len(os.sched_getaffinity(0)) if processes is None else processes  # the CPUs we may use
         self.bound_s = bound_s
         self.jobs: list[tuple[Future, functools.partial]] = []
 
@@ -100,10 +100,10 @@ class _ForkedCompiles(Executor):
 def compile_only(processes: int | None = None):
     """Within it, launches run nothing: they record their kernel variants
     (Triton's AsyncCompileMode), which are compiled on exit by ``processes``
-    forked processes (default one per CPU; 0: none, all compiled here) and
-    then found in Triton's cache.
-    On exit every variant is in Triton's in-process cache; a compile error
-    is raised again by the launch that needs the variant."""
+    forked processes (default one per CPU this process may run on; 0: none,
+    all compiled here) and then found in Triton's cache. On exit every
+    variant is in Triton's in-process cache; a compile error is raised
+    again by the launch that needs the variant."""
     import triton
 
     compiles = _ForkedCompiles(processes)
