@@ -7,7 +7,8 @@ then built and pushed by ``pack.select_local``, spread over the row).
 Rescue: rows with an empty mask cost one load; the others wait for the
 saturated ranks' lists and select again over {unsaturated words >= kappa}
 U {pushed lists}. Both emit through ``keys.emit_selected``, so equal
-candidate sets give bit-identical outputs. Bit-identical to
+candidate sets give bit-identical outputs; sorted outputs are written by
+``order_kernel`` after each of them. Bit-identical to
 ``reference.select`` / ``reference.rescue`` and the reference protocol."""
 
 import triton
