@@ -227,6 +227,7 @@ def flat_positions(flags):
 
 @triton.constexpr_function
 def power_of_2(n):
+    """The least power of 2 >= n, in kernels (of a constexpr) and on the host."""
     return triton.next_power_of_2(n)
 
 

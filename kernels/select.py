@@ -229,10 +229,6 @@ def order_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride
                       EMIT_IDS, EMIT_ROWS)
 
 
-def _p2(n: int) -> int:
-    return triton.next_power_of_2(n)
-
-
 def output_args(ids, rows, fallback) -> tuple:
     """The select's and rescue's first arguments: the optional outputs'
     pointers (unused ones point at ``fallback`` and are never touched:
@@ -265,8 +261,8 @@ def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
     return Launch(select_kernel, (num_rows,),
                   (*output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
                    max_rows, rank),
-                  dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=_p2(world_size),
-                       N_P2=_p2(local_topk), KEYS=rescue_keys(topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
+                  dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=power_of_2(world_size),
+                       N_P2=power_of_2(local_topk), KEYS=rescue_keys(topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
                        **_emits(ids, rows, sorted), PDL=pdl), SELECT_WARPS)
 
 
@@ -276,7 +272,7 @@ RESCUE_TILE = 1024
 def rescue_keys(topk: int) -> int:
     """Candidates the rescue selects in registers: one saturated rank's list
     and the round-1 keys, (K - N) + K, fit twice K."""
-    return max(4096, triton.next_power_of_2(2 * topk))
+    return max(4096, power_of_2(2 * topk))
 
 
 def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, selected, recv,
@@ -290,7 +286,7 @@ def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
                    recv, max_rows, rank),
                   dict(TOPK=topk, LIST=fmt.list_len(topk), N=local_topk, PLANES=planes, SLOTS=max(slots, 1),
                        WORLD=world_size,
-                       WORLD_P2=_p2(world_size), KEYS=keys, TILE=RESCUE_TILE, INTERLEAVE=interleave,
+                       WORLD_P2=power_of_2(world_size), KEYS=keys, TILE=RESCUE_TILE, INTERLEAVE=interleave,
                        GID_BITS=gid_bits, **_emits(ids, rows, sorted), PDL=pdl), min(16, keys // 256))
 
 
@@ -299,7 +295,7 @@ def order_launch(*, num_rows, ids, rows, sat, status, selected, rescued_only, ra
     """The sorted form's writes after the select (``rescued_only`` False)
     and after the rescue (True); the arguments as the select's (the others
     of theirs are ignored)."""
-    width = triton.next_power_of_2(topk)
+    width = power_of_2(topk)
     return Launch(order_kernel, (num_rows,),
                   (*output_args(ids, rows, status), sat, status, selected, int(rescued_only), rank),
                   dict(TOPK=topk, KEYS=rescue_keys(topk), WORLD=world_size, INTERLEAVE=interleave, GID_BITS=gid_bits,

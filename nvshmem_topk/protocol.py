@@ -243,8 +243,9 @@ class TritonBackend:
     def _common(ws: DcpTopkWorkspace, rows: int, out: Outputs) -> dict:
         return dict(num_rows=rows, ids=out.ids, rows=out.rows, sorted=out.sorted, sat=ws.sat,
                     status=ws.status, gather=ws.gather.local, flags=ws.flags.local, epochs=ws.epochs,
-                    ties=ws.ties, selected=ws.selected, max_rows=ws.max_rows, rank=ws.rank, world_size=ws.world_size, topk=ws.topk,
-                    local_topk=ws.local_topk, planes=ws.planes, interleave=ws.interleave, gid_bits=ws.gid_bits,
+                    ties=ws.ties, selected=ws.selected, max_rows=ws.max_rows, rank=ws.rank,
+                    world_size=ws.world_size, topk=ws.topk, local_topk=ws.local_topk, planes=ws.planes,
+                    interleave=ws.interleave, gid_bits=ws.gid_bits,
                     max_spins=max(1, int(ws.timeout_s * SPINS_PER_SECOND[ws.device.type])), pdl=ws.pdl)
 
     @classmethod
