@@ -27,7 +27,7 @@ from triton.compiler import ASTSource
 
 from nvshmem_topk import format as fmt
 from nvshmem_topk.kernels import exchange, pack, select
-from nvshmem_topk.protocol import RowsOutput
+from nvshmem_topk.protocol import RowsOutput, TritonBackend
 
 HOPPER = GPUTarget("cuda", 90, 32)
 _TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
@@ -83,8 +83,9 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
         scratch, arrivals = pack.scratch_for(rows, n, width, "cpu")
         publish = pack.Publish(epochs, ptrs, ptrs, pes, max_rows, 0, world_size, sat=sat, list_slots=list_slots,
                                library_peers=library_peers if list_slots else 0)
-        yield from pack.pipeline(out, logits, starts, ends, n=n, max_local_len=width,
-                                 scratch=scratch, arrivals=arrivals, publish=publish, pdl=True)
+        for call_width in TritonBackend.compiled_widths(width):  # each width class of the pack
+            yield from pack.pipeline(out, logits[:, :call_width], starts, ends, n=n, max_local_len=width,
+                                     scratch=scratch, arrivals=arrivals, publish=publish, pdl=True)
     packed = torch.zeros(rows, fmt.packed_row_words(local_topk, planes), **i32)
     yield exchange.push_rows_launch(packed, epochs, ptrs, ptrs, pes, max_rows=max_rows, rank=0,
                                     world_size=world_size, library_peers=library_peers, pdl=True)
