@@ -7,7 +7,8 @@
 #   merge-library  the same on fewer shapes, plus the push merge with every peer reached through
 #            NVSHMEM's device library, in the same run
 #   tests    GPU kernel tests and NVSHMEM tests (W = visible GPUs), per-test timeouts and durations;
-#            the launcher tests run when MPICH's mpiexec is there
+#            the launcher tests run when MPICH's mpiexec is there. With an empty Triton cache both files
+#            take longer than one 600 s device call on one H200: run them in two calls (TEST_FILES)
 #   serving  the serving tests (tests/test_serving_gpu.py) with an empty Triton cache, so their output gives
 #            warm-up's compile time and variant count, then examples/serving_indexer.py under torchrun
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
