@@ -67,9 +67,10 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
              library_peers: int = 0):
     """The launches of one configuration, built by the launchers themselves
     from small CPU tensors (nothing runs): a merge of one row of 131072
-    tokens on a rank of ``world_size``, and the pack's pipelines for N (rows
+    tokens on a rank of ``world_size``, the pack's pipelines for N (rows
     given no starts) and for K rounded up to 32 (pushed lists; rows given
-    starts), so that both forms of the row window compile."""
+    starts), so that both forms of the row window compile, and the packing
+    of a caller's indices."""
     rows, width, max_rows, interleave = 1, 131072, 1, 1
     i32 = dict(dtype=torch.int32)
     logits = torch.zeros(rows, width, dtype=dtype)
@@ -87,6 +88,8 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
             yield from pack.pipeline(out, logits[:, :call_width], starts, ends, n=n, max_local_len=width,
                                      scratch=scratch, arrivals=arrivals, publish=publish, pdl=True)
     packed = torch.zeros(rows, fmt.packed_row_words(local_topk, planes), **i32)
+    yield pack.pack_indices_launch(packed, logits, torch.zeros(rows, local_topk, **i32), None, ends,
+                                   max_local_len=width, pdl=True)
     yield exchange.push_rows_launch(packed, epochs, ptrs, ptrs, pes, max_rows=max_rows, rank=0,
                                     world_size=world_size, library_peers=library_peers, pdl=True)
     table = torch.zeros(4, 8, **i32)
