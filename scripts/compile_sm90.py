@@ -69,8 +69,8 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
     from small CPU tensors (nothing runs): a merge of one row of 131072
     tokens on a rank of ``world_size``, the pack's pipelines for N (rows
     given no starts) and for K rounded up to 32 (pushed lists; rows given
-    starts), so that both forms of the row window compile, and the packing
-    of a caller's indices."""
+    starts), so that both forms of the row window compile, the packing of a
+    caller's indices, and the select and the rescue in both output forms."""
     rows, width, max_rows, interleave = 1, 131072, 1, 1
     i32 = dict(dtype=torch.int32)
     logits = torch.zeros(rows, width, dtype=dtype)
@@ -94,14 +94,15 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
                                     world_size=world_size, library_peers=library_peers, pdl=True)
     table = torch.zeros(4, 8, **i32)
     kv = RowsOutput(torch.zeros(rows, **i32), table, 64, 64, torch.zeros(rows, topk, **i32), torch.zeros(rows, **i32))
-    common = dict(num_rows=rows, ids=torch.zeros(rows, topk, **i32), rows=kv, sorted=False, sat=sat, status=status,
+    common = dict(num_rows=rows, ids=torch.zeros(rows, topk, **i32), rows=kv, sat=sat, status=status,
                   gather=torch.zeros(1, **i32), flags=torch.zeros(1, **i32), epochs=epochs,
                   ties=torch.zeros(rows, select.TIE_TILE, dtype=torch.int64),
                   selected=torch.zeros(rows, select.rescue_keys(topk), dtype=torch.int64), max_rows=max_rows,
                   rank=0, world_size=world_size, topk=topk, local_topk=local_topk, planes=planes,
                   interleave=interleave, gid_bits=gid_bits, max_spins=1000, pdl=True)
-    yield select.select_launch(**common)
-    yield select.rescue_launch(**common, recv=torch.zeros(1, **i32), slots=slots)
+    for sorted_ in (False, True):  # sorted: the select and the rescue only store the chosen keys
+        yield select.select_launch(**common, sorted=sorted_)
+        yield select.rescue_launch(**common, sorted=sorted_, recv=torch.zeros(1, **i32), slots=slots)
     yield select.order_launch(**common, rescued_only=True)
 
 
