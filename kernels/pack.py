@@ -939,18 +939,21 @@ def select_local(out, logits, row_starts, row_ends, *, n: int, max_local_len: in
     [max_rows, slots, n + P*n/32] (rows where this rank is saturated only).
     scratch: int32 [>= T, plan(n, max_local_len).scratch_words] (enough for
     any narrower call, which is planned for its own width); arrivals:
-    int32 [>= T], zero between calls (the kernels leave them so). pdl:
-    launch each kernel as a programmatic dependent of the one before it
-    (GPUs only)."""
+    int32 [>= T], zero between calls (the kernels leave them so), read
+    only where rows are published. pdl: launch each kernel as a
+    programmatic dependent of the one before it (GPUs only)."""
     for launch in pipeline(out, logits, row_starts, row_ends, n=n, max_local_len=max_local_len, scratch=scratch,
                            arrivals=arrivals, publish=publish, pdl=pdl):
         launch()
 
 
-def scratch_for(rows: int, n: int, max_local_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scratch, arrivals) for ``select_local`` over ``rows`` rows."""
-    return (torch.empty((rows, plan(n, max_local_len).scratch_words), dtype=torch.int32, device=device),
-            torch.zeros(rows, dtype=torch.int32, device=device))
+def scratch_for(rows: int, n: int, max_local_len: int, device, *, publishing: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scratch, arrivals) for ``select_local`` over ``rows`` rows. Only
+    rows published to peers count arrivals: without (``publishing`` False)
+    the scratch stands in for them and nothing is zeroed, a kernel less."""
+    scratch = torch.empty((rows, plan(n, max_local_len).scratch_words), dtype=torch.int32, device=device)
+    return scratch, torch.zeros(rows, dtype=torch.int32, device=device) if publishing else scratch
 
 
 def pack(out, logits, row_starts, row_ends, *, local_topk: int, max_local_len: int, push: Publish | None = None,
@@ -959,7 +962,8 @@ def pack(out, logits, row_starts, row_ends, *, local_topk: int, max_local_len: i
     when given (every peer reached by address), also pushes each finished
     row to every peer's gather buffer and raises its flag. ``scratch``:
     (scratch, arrivals) as ``scratch_for`` makes them."""
-    scratch, arrivals = scratch or scratch_for(logits.shape[0], local_topk, max_local_len, out.device)
+    scratch, arrivals = scratch or scratch_for(logits.shape[0], local_topk, max_local_len, out.device,
+                                               publishing=push is not None)
     select_local(out, logits, row_starts, row_ends, n=local_topk, max_local_len=max_local_len, scratch=scratch,
                  arrivals=arrivals, publish=push, pdl=pdl)
 
