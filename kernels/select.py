@@ -102,26 +102,42 @@ def _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_ro
 
 @triton.jit
 def _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, KEYS: tl.constexpr,
-                       TILE: tl.constexpr, LIST: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
-                       SLOTS: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
+                       LIST: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
+                       WORLD: tl.constexpr, WORLD_P2: tl.constexpr, INTERLEAVE: tl.constexpr,
+                       GID_BITS: tl.constexpr):
     """The rescue's candidates >= kappa, in candidate order (rank by rank:
     a saturated rank's pushed list, another's round-1 words), into
     ``selected_row`` (its first KEYS); returns how many there are. The
     top-K lies among them: round 1 selected K keys >= kappa, and every one
-    is in the union (a saturated rank's N words are in its list)."""
-    count = tl.zeros((), dtype=tl.int32)
+    is in the union (a saturated rank's N words are in its list). The
+    unsaturated ranks' words are read as one tile, as the select reads
+    them, and each saturated rank's list as one more, so that a row waits
+    on one load per saturated rank and one for the rest, not on one per
+    rank."""
+    words: tl.constexpr = N + PLANES * (N // 32)
+    list_words: tl.constexpr = LIST + PLANES * (LIST // 32)
+    sender = tl.arange(0, WORLD_P2)
+    saturated = ((mask >> sender) & 1) != 0
+    owner = sender[:, None]
+    slot = tl.arange(0, power_of_2(N))[None, :]
+    seen = decode_keys(gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD), slot, owner,
+                       (owner < WORLD) & (slot < N) & ~saturated[:, None], N, PLANES, WORLD, INTERLEAVE, GID_BITS)
+    taken = ((seen >= kappa) & (seen != 0)).to(tl.int32)
+    counts = tl.sum(taken, axis=1)  # per rank; a saturated rank's are added as its list is placed
+    list_slot = tl.arange(0, power_of_2(LIST))
+    received = tl.zeros((), dtype=tl.int64)  # receive slot: the saturated ranks below
     for q in range(WORLD):
-        length = tl.where(((mask >> q) & 1) != 0, LIST, N)
-        start = 0
-        while start < length:
-            tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, LIST, N,
-                                PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
-            take = ((tile >= kappa) & (tile != 0)).to(tl.int32)
-            pos = count + tl.cumsum(take, axis=0) - take
-            tl.store(selected_row + pos, tile, mask=(take != 0) & (pos < KEYS))
-            count += tl.sum(take, axis=0)
-            start += TILE
-    return count
+        if ((mask >> q) & 1) != 0:
+            pushed = decode_keys(recv_ptr + (row * SLOTS + received) * list_words, list_slot, q, list_slot < LIST,
+                                 LIST, PLANES, WORLD, INTERLEAVE, GID_BITS)
+            keep = ((pushed >= kappa) & (pushed != 0)).to(tl.int32)
+            pos = tl.sum(tl.where(sender < q, counts, 0), axis=0) + tl.cumsum(keep, axis=0) - keep
+            tl.store(selected_row + pos, pushed, mask=(keep != 0) & (pos < KEYS))
+            counts += tl.where(sender == q, tl.sum(keep, axis=0), 0)
+            received += 1
+    pos = (tl.cumsum(counts, axis=0) - counts)[:, None] + tl.cumsum(taken, axis=1) - taken
+    tl.store(selected_row + pos, seen, mask=(taken != 0) & (pos < KEYS))
+    return tl.sum(counts, axis=0)
 
 
 @triton.jit(do_not_specialize=OUTPUT_SIZES)
@@ -153,7 +169,7 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
             kappa = sat & SAT_KAPPA_MASK
             selected_row = selected_ptr + row * KEYS
             count = _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, KEYS,
-                                       TILE, LIST, N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
+                                       LIST, N, PLANES, SLOTS, WORLD, WORLD_P2, INTERLEAVE, GID_BITS)
             tl.debug_barrier()  # the block's stores are seen by all its threads
             if count <= KEYS:
                 slot = tl.arange(0, KEYS)
