@@ -99,6 +99,9 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=list(SCORE_FAMILIES), choices=SCORE_FAMILIES)
     parser.add_argument("--skip-merge", action="store_true")
     parser.add_argument("--skip-pack", action="store_true")
+    parser.add_argument("--per-kernel", action="store_true",
+                        help="each kernel's own time for every family (default: normal and all_equal for the pack, "
+                             "normal for the merge)")
     parser.add_argument("--shapes", nargs="+", default=[f"{t}x{s}" for t, s in PACK_SHAPES],
                         help="pack shapes as TxS (default: the four of the acceptance)")
     args = parser.parse_args()
@@ -112,7 +115,7 @@ def main() -> None:
         print(f"pack [{rows}, {width}] N=384   family  pack  vs-normal  torch.topk  exact  kernels (own, no PDL)")
         normal = None
         for family in families:
-            r = bench_pack(rows, width, family, gen, per_kernel=family in ("normal", "all_equal"))
+            r = bench_pack(rows, width, family, gen, per_kernel=args.per_kernel or family in ("normal", "all_equal"))
             results["pack"].append(r)
             save()
             normal = normal or r["pack_us"]
@@ -126,7 +129,7 @@ def main() -> None:
         normal = None
         for family in families:
             r = bench_merge(merge_inputs(family, world, rows, width, interleave, gen), interleave, k,
-                            per_kernel=family == "normal")
+                            per_kernel=args.per_kernel or family == "normal")
             r["family"] = family
             results["merge"].append(r)
             save()
