@@ -41,8 +41,8 @@ import triton
 import triton.language as tl
 
 from .exchange import call_epoch, push_list, push_row
-from .keys import (MAX_PEERS, MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, score16_bits, is_nan_bits, near_bin, near_boundary,
-                   ord16, packed_word, radix_boundary, score_bits)
+from .keys import (MAX_PEERS, MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, TIE_BINS, TIE_DIGIT, score16_bits, is_nan_bits,
+                   near_bin, near_boundary, ord16, packed_word, radix_boundary, score_bits)
 from .launch import Launch
 from .sync import after_prior_kernel, last_to_arrive
 
@@ -252,26 +252,59 @@ def _threshold(high_bucket, above_high, low, need):
 
 
 @triton.jit
+def _near_group(level, present, need):
+    """(group, shift, bucket, above, in_bucket): ``near_boundary`` over the
+    present ``level``s (non-negative), the need-th largest in the group of
+    2^shift levels ``group`` (level >> shift == group). When the boundary
+    falls in bin 0, which gathers every level NEAR_BINS - 1 or more below
+    the top (heavy tails, a tie far below a few scores), one more histogram
+    of groups of the fewest shift bits that bring the lowest present level
+    within NEAR_BINS - 1 groups of the top, so that no group is gathered
+    with another."""
+    group, bucket, above, in_bucket = near_boundary(level, present, need)
+    shift = tl.zeros((), dtype=tl.int32)
+    if bucket == 0:
+        top = tl.max(tl.where(present, level, 0), axis=0)
+        bottom = tl.min(tl.where(present, level, top), axis=0)
+        for _ in tl.static_range(15):  # levels have at most 15 bits
+            shift += ((top >> shift) - (bottom >> shift) >= NEAR_BINS).to(tl.int32)
+        if shift > 0:
+            bucket, above, in_bucket = radix_boundary(
+                tl.histogram(near_bin(top >> shift, level >> shift), NEAR_BINS, mask=present), need)
+            group = (top >> shift) - (NEAR_BINS - 1) + bucket
+    return group, shift, bucket, above, in_bucket
+
+
+@triton.jit
 def _tile_threshold(score, valid, need):
     """(threshold ord16, ties of it taken) of the ``need`` largest valid
-    scores of one tile held in registers; (0, 0) when fewer. One histogram
-    of how far each score's level (the score without its lowest bit, as in
-    the select's ``kth_largest``) lies below the tile's top level (bin
-    NEAR_BINS - 1 - distance, bin 0 for NEAR_BINS - 1 levels or more), then
-    a count of the boundary level's upper score. Only when the boundary
-    falls in bin 0 do the two byte histograms run."""
-    boundary, bucket, above, _ = near_boundary(score >> 1, valid, need)
-    upper = boundary * 2 + 1
+    scores of one tile held in registers; (0, 0) when fewer.
+    ``_near_group`` over each score's level (the score without its lowest
+    bit, as in the select's ``kth_largest``) fixes the group of levels
+    that holds the need-th score. A group of one level is settled by
+    a count of its upper score; a wider one (heavy tails, a tie far below a
+    few scores) by a radix select over the score bits under the group's."""
+    group, shift, bucket, above, _ = _near_group(score >> 1, valid, need)
     ties_taken = need - above
-    upper_count = tl.sum((valid & (score == upper)).to(tl.int32), axis=0)
-    threshold = tl.where(ties_taken <= upper_count, upper, upper - 1)
-    ties_taken = tl.where(ties_taken <= upper_count, ties_taken, ties_taken - upper_count)
-    if bucket == 0:
-        high_bucket, above_high, _ = radix_boundary(_histogram(score, valid, 0, False), need)
-        threshold, ties_taken = _threshold(high_bucket, above_high, _histogram(score, valid, high_bucket, True), need)
-    elif bucket < 0:  # fewer than ``need``: every one is taken
-        threshold = 0
-        ties_taken = 0
+    if bucket < 0:  # fewer than ``need``: every one is taken
+        threshold = tl.zeros((), dtype=tl.int32)
+        ties_taken = tl.zeros((), dtype=tl.int32)
+    elif shift == 0:
+        upper = group * 2 + 1
+        upper_count = tl.sum((valid & (score == upper)).to(tl.int32), axis=0)
+        threshold = tl.where(ties_taken <= upper_count, upper, upper - 1)
+        ties_taken = tl.where(ties_taken <= upper_count, ties_taken, ties_taken - upper_count)
+    else:
+        fixed = shift + 1  # the score's bits from ``fixed`` up are the group's
+        threshold = group << fixed
+        while fixed > 0:
+            low = tl.maximum(fixed - TIE_DIGIT, 0)
+            match = valid & ((score >> fixed) == (threshold >> fixed))
+            digit = (score >> low) & ((1 << (fixed - low)) - 1)
+            chosen, higher, _ = radix_boundary(tl.histogram(digit, TIE_BINS, mask=match), ties_taken)
+            ties_taken -= higher
+            threshold |= chosen << low
+            fixed = low
     return threshold, ties_taken
 
 

@@ -334,10 +334,11 @@ def test_filter_threshold_keeps_a_threshold_set(whole, device):
 
 @needs_triton
 def test_tile_threshold_near_the_top_and_far_from_it(device):
-    """The estimate's and the finish's threshold (one histogram of the
-    level below the tile's top level and a count, the byte histograms when
-    the boundary is 254 or more steps down) against its definition: the need-th largest
-    valid score and how many of its ties are taken, (0, 0) when fewer."""
+    """The finish's threshold (one histogram of the level below the tile's
+    top level and a count; when the boundary is 254 or more steps down, one
+    of groups of levels and a radix over the score bits under the group)
+    against its definition: the need-th largest valid score and how many of
+    its ties are taken, (0, 0) when fewer."""
     from kernel_probes import tile_threshold_kernel
 
     gen = torch.Generator().manual_seed(9)
@@ -349,6 +350,9 @@ def test_tile_threshold_near_the_top_and_far_from_it(device):
         outlier[:3] = 0xFF80  # +inf far above a cluster
         cases.append((outlier, need))
         cases.append((torch.full((tile,), 0xBF80), need))  # all equal
+        zeros = torch.full((tile,), 0x8000)  # ReLU-style: a tie far below a few positives of many binades
+        zeros[::9] = 0x8000 + torch.randint(0x0400, 0x4000, (len(zeros[::9]),), generator=gen)
+        cases.append((zeros, need))
     scores = torch.stack([c[0] for c in cases]).to(torch.int32)
     valid = (torch.rand(scores.shape, generator=gen) < 0.9).to(torch.int32)
     valid[3::4] = 1
@@ -372,8 +376,9 @@ def test_kth_largest_near_the_top_and_far_from_it(device):
     bit when the boundary is 127 or more levels down) against sorting: clustered
     and spread scores, keys at the boundary level (few enough to be compacted
     into the tie tile, and too many, and a few in one bucket of the tie radix),
-    fewer keys than k; and the count of keys it selects (k, or every key when
-    fewer), which the emit uses."""
+    ties at zero under positives of many binades, fewer keys than k; and the
+    count of keys it selects (k, or every key when fewer), which the emit
+    uses."""
     from kernel_probes import TIE_TILE, kth_largest_kernel
 
     gen = torch.Generator().manual_seed(4)
@@ -394,6 +399,12 @@ def test_kth_largest_near_the_top_and_far_from_it(device):
     key = torch.zeros(rows * cols, dtype=torch.int64)
     key[torch.randperm(rows * cols, generator=gen)[: gid.numel()]] = (score << gid_bits) | ((1 << gid_bits) - 1 - gid)
     cases += [(key.view(rows, cols), k) for k in range(11, 16)]
+    # ReLU-style: ties at zero far below positives of many binades
+    score = torch.full((rows * cols,), 0x8000)
+    score[: rows * cols // 4] += torch.randint(0x0400, 0x4000, (rows * cols // 4,), generator=gen)
+    gid = torch.randperm(1 << gid_bits, generator=gen)[: rows * cols]
+    key = (score.long() << gid_bits) | ((1 << gid_bits) - 1 - gid.long())
+    cases += [(key.view(rows, cols), k) for k in (300, 600, 1000)]
     keys = torch.stack([c[0] for c in cases])
     ks = torch.tensor([c[1] for c in cases], dtype=torch.int32)
     out = torch.empty(len(cases), 2, dtype=torch.int64, device=device)
