@@ -264,7 +264,7 @@ def _near_group(level, present, need):
     group, bucket, above, in_bucket = near_boundary(level, present, need)
     shift = tl.zeros((), dtype=tl.int32)
     if bucket == 0:
-        top = tl.max(tl.where(present, level, 0), axis=0)
+        top = group + (NEAR_BINS - 1)  # near_boundary's group is its top level - (NEAR_BINS - 1) + bucket
         bottom = tl.min(tl.where(present, level, top), axis=0)
         for _ in tl.static_range(15):  # levels have at most 15 bits
             shift += ((top >> shift) - (bottom >> shift) >= NEAR_BINS).to(tl.int32)
