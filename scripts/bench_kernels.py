@@ -104,6 +104,9 @@ def main() -> None:
                              "normal for the merge)")
     parser.add_argument("--shapes", nargs="+", default=[f"{t}x{s}" for t, s in PACK_SHAPES],
                         help="pack shapes as TxS (default: the four of the acceptance)")
+    parser.add_argument("--interleaves", nargs="+", type=int, default=[1, 64], help="the merge's interleaves")
+    parser.add_argument("--skip-rank0-best", action="store_true",
+                        help="leave out the merges whose best scores all sit on rank 0")
     args = parser.parse_args()
     results = {"gpu": torch.cuda.get_device_name(), "pack": [], "merge": []}
     save = lambda: json.dump(results, open(args.out, "w"), indent=1)
@@ -124,7 +127,7 @@ def main() -> None:
     if args.skip_merge:
         return
     world, k = 8, 2048
-    for rows, width, interleave in ((64, 16384, 1), (64, 16384, 64)):
+    for rows, width, interleave in ((64, 16384, i) for i in args.interleaves):
         print(f"merge W={world} T={rows} S={width} I={interleave}   family  merge  vs-normal  generic-by-rank  speedup")
         normal = None
         for family in families:
@@ -137,7 +140,7 @@ def main() -> None:
             print(f"  {family:<18}{r['merge_us']:8.1f}{r['merge_us'] / normal:8.2f}x{r['generic_by_rank_us']:10.1f}"
                   f"{r['generic_by_rank_us'] / r['merge_us']:8.1f}x  exact={r['exact']} saturated={r['saturated_rows']}"
                   "  per rank: " + " ".join(f"{k} {v:.1f}" for k, v in r["kernels_per_rank_us"].items()), flush=True)
-    for rows, width in ((8, 131072), (64, 16384)):
+    for rows, width in () if args.skip_rank0_best else ((8, 131072), (64, 16384)):
         base = bench_merge(merge_inputs("normal", world, rows, width, 1, gen), 1, k)
         best = bench_merge(merge_inputs("normal", world, rows, width, 1, gen, boost_rank=0), 1, k, per_kernel=True)
         best["family"], base["family"] = "rank0_best", "normal"
