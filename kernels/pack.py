@@ -384,7 +384,7 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     for coarser in tl.static_range(2):
         if low_bucket == 0:
             shift += 4
-            low_top = tl.max(tl.where(valid, score >> shift, 0), axis=0)
+            low_top = top >> (shift - 1)  # the top level's group: shifts keep the maximum
             low_bucket, _, _ = radix_boundary(tl.histogram(near_bin(low_top, score >> shift), NEAR_BINS, mask=valid),
                                               r_lo)
     floor_level = low_top - (NEAR_BINS - 1) + low_bucket
