@@ -129,9 +129,7 @@ def near_boundary(level, present, need):
 # each lane's bins in turn, so a pass over B bins costs about (B / 32) log2(B)
 # operations an element: the tie tile (256 keys, the score's last bit and a
 # 17-bit gid: three passes) takes 6-bit digits, the whole tile (4096 keys)
-# 5-bit ones. On the H200 (W = 8, T = 64) 5-bit digits took the select of
-# mostly-zero rows from 22.8 to 19.9 us a rank, and 6-bit ties the finish of
-# mostly -inf rows from 12.3 to 11.9; normal rows unchanged.
+# 5-bit ones (docs/performance.md has the H200's figures).
 TIE_DIGIT = tl.constexpr(6)
 TIE_BINS = tl.constexpr(1 << TIE_DIGIT.value)
 WIDE_DIGIT = tl.constexpr(5)
