@@ -1,9 +1,16 @@
 """Local top-n: a rank's n best tokens of each row, by (score desc, local id
 asc), written as a packed row (candidates by ascending local id, empty slots
-last). One pipeline serves the pack (n = N, round 1) and a saturated rank's
-pushed list (n = K, after the select). Only the estimate is a program per
-row, and it reads a sample; every step that reads the row is spread over
-its blocks of BLOCK tokens, so no program walks a row:
+last). The same kernels serve the pack (n = N, round 1) and a saturated
+rank's pushed list (n = K, after the select), and cost about the same whatever
+the scores.
+
+A call at most SHORT_ROWS tokens wide (a 128K context over 8 ranks) takes
+one kernel, a program per row (``row_kernel``): the row in registers, its
+threshold from sixteen counts, one a bit, then one ordered compaction.
+
+Wider calls take a pipeline of five kernels in which only the estimate is
+a program per row, and it reads a sample; every step that reads the row is
+spread over its blocks of BLOCK tokens, so no program walks a row:
 
 1. estimate (a program per row): the row's n-th score is expected at rank r
    of a sample of groups of 8 adjacent tokens spread over the row. The
@@ -55,6 +62,8 @@ ESTIMATE_WARPS = 8
 MAX_GROUPS = 512  # the estimate samples at most 8 * MAX_GROUPS tokens
 SAMPLE_RANK = tl.constexpr(256)  # the sample is sized to hold about this many of the row's top-n
 MAX_TILE = 4096
+SHORT_ROWS = 16384  # calls this wide or narrower: a program a row (``row_kernel``); at most 2^14 (its scan)
+ROW_WARPS = 16  # 32 tokens a thread (8 warps packed alone 0.6 µs faster, but merged 60 µs slower on the H200)
 SIGMAS = tl.constexpr(4)  # the estimate's margin, in standard deviations of the sample's count
 
 # Scratch of a row (int32): the estimate's floor and probe and the row's
@@ -131,16 +140,6 @@ def plan(n: int, max_local_len: int) -> Plan:
     tile = min(max(256, triton.next_power_of_2(math.ceil(expected_candidates(n, rank)))), MAX_TILE)
     blocks_p2 = triton.next_power_of_2(triton.cdiv(max_local_len, BLOCK.value))
     return Plan(n=n, tile=tile, groups=groups, blocks_p2=blocks_p2)
-
-
-SHORT_ROWS = 16384  # rows up to this many tokens get a plan of their own (a smaller tile)
-
-
-def plan_for(n: int, width: int, max_local_len: int) -> Plan:
-    """The plan of a call whose rows are ``width`` tokens wide, one of two a
-    workspace compiles: rows up to SHORT_ROWS tokens and longer ones, each
-    planned for the widest row of its class."""
-    return plan(n, min(SHORT_ROWS, max_local_len) if width <= SHORT_ROWS else max_local_len)
 
 
 # Kernels that take the call's row width never specialise on it (Triton
@@ -334,10 +333,11 @@ def _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_see
 
 
 @triton.jit
-def _zero_row(out_row, WORDS: tl.constexpr, CHUNK: tl.constexpr):
+def _zero_row_from(out_row, first, WORDS: tl.constexpr, CHUNK: tl.constexpr):
+    """Zeros into words [first, WORDS) of a packed row."""
     for start in tl.range(0, WORDS, CHUNK):
         offs = start + tl.arange(0, CHUNK)
-        tl.store(out_row + offs, tl.zeros((CHUNK,), dtype=tl.int32), mask=offs < WORDS)
+        tl.store(out_row + offs, tl.zeros((CHUNK,), dtype=tl.int32), mask=(offs >= first) & (offs < WORDS))
 
 
 # ----------------------------------------------------------------- estimate
@@ -416,7 +416,7 @@ def estimate_kernel(out_ptr, scratch_ptr, rows, width_limit, N: tl.constexpr, WO
     row = tl.program_id(0).to(tl.int64)
     active, offset = _target(row, sat_ptr, rank, WORDS, SLOTS, LIST)
     if active:
-        _zero_row(out_ptr + offset, WORDS, 1024)
+        _zero_row_from(out_ptr + offset, 0, WORDS, 1024)
         scratch = scratch_ptr + row * scratch_stride
         start, end = _row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
         probe = tl.zeros((), dtype=tl.int32)
@@ -900,6 +900,70 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.con
             _publish_when_last(out_ptr, offset, row, spans, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
 
 
+# --------------------------------------------------------------- short rows
+
+
+@triton.jit
+def _bisected_threshold(score, need):
+    """The largest ord16 t with at least ``need`` of the ``score``s (1-D,
+    0 for invalid tokens) >= t; 0 when fewer are valid. One count a bit,
+    from the top, whatever the scores: a histogram pass (tl.histogram takes
+    a warp ballot per bit of the bin, and more to combine them) costs
+    several times as much. The first fifteen compare levels (the score
+    without its last bit: even candidates) two to an int32, a 16-bit field
+    each: level + 0x8000 - c sets the field's top bit iff level >= c, and
+    never carries out of it; the last compares whole scores."""
+    level = score >> 1
+    even, odd = tl.split(tl.reshape(level, (level.shape[0] // 2, 2)))
+    pairs = even | (odd << 16)
+    threshold = tl.zeros((), dtype=tl.int32)
+    for bit in tl.static_range(15, 0, -1):
+        candidate = threshold | (1 << bit)
+        reached = ((pairs + (0x8000 - (candidate >> 1)) * 0x10001) >> 15) & 0x10001  # wraps: bit 31 lands on 16
+        fields = tl.sum(reached, axis=0)  # each field at most ROW / 2
+        if (fields & 0xFFFF) + (fields >> 16) >= need:
+            threshold = candidate
+    if tl.sum((score > threshold).to(tl.int32), axis=0) >= need:
+        threshold |= 1
+    return threshold
+
+
+@_any_width
+def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
+               LIST: tl.constexpr, ROW: tl.constexpr,
+               WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+    """The whole local top-N of a short row (ROW tokens, a power of 2 up to
+    SHORT_ROWS) in one program: the row held in registers, its threshold by
+    ``_bisected_threshold`` (the same counts for any scores), then one scan in
+    token order of the tokens above it and of its ties (two counts in one
+    int32: ties << 16 stays below 2^31) places the kept ones; the rest of
+    the packed row is zeroed (no id reaches 2^16: every plane bit is 0)."""
+    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
+    after_prior_kernel(PDL)
+    words: tl.constexpr = N + PLANES * (N // 32)
+    row = tl.program_id(0).to(tl.int64)
+    active, offset = _target(row, sat_ptr, rank, words, SLOTS, LIST)
+    if active:
+        start, end = _row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
+        local = tl.arange(0, ROW)
+        inside = (local >= start) & (local < end)
+        score = _order(tl.load(logits_ptr + row * logits_stride + local, mask=inside, other=float("nan")))
+        threshold = _bisected_threshold(score, N)
+        above = score > threshold
+        tie = (score == threshold) & (threshold != 0)  # threshold 0: every valid token is kept
+        counts = above.to(tl.int32) | (tie.to(tl.int32) << 16)
+        before = tl.cumsum(counts, axis=0) - counts  # tokens above, and ties, before each token
+        ties_before = before >> 16
+        totals = tl.sum(counts, axis=0)
+        all_above = totals & 0xFFFF
+        ties_taken = tl.minimum(N - all_above, totals >> 16)  # threshold 0: fewer than N above, no ties
+        out_row = out_ptr + offset
+        tl.store(out_row + (before & 0xFFFF) + tl.minimum(ties_before, ties_taken), packed_word(score, local),
+                 mask=above | (tie & (ties_before < ties_taken)))
+        _zero_row_from(out_row, all_above + ties_taken, words, 1024)
+        _publish(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
+
+
 # ----------------------------------------------------------------- launcher
 
 
@@ -930,14 +994,13 @@ def _planes(words: int, n: int) -> int:
 
 def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
              publish: Publish | None = None, pdl: bool = False) -> list[Launch]:
-    """The five launches of ``select_local`` (none for no rows)."""
+    """The launches of ``select_local``: one (``row_kernel``) for calls at
+    most SHORT_ROWS wide, else the five of the spread pipeline, each
+    compiled for the widest call of its class; none for no rows."""
     rows, width = logits.shape
     if rows == 0:
         return []
     limit = min(width, max_local_len)
-    p = plan_for(n, limit, max_local_len)
-    blocks = triton.cdiv(max(limit, 1), BLOCK.value)
-    spans = triton.cdiv(blocks, p.span)
     words = out.shape[-1]
     pub = publish or Publish(row_ends, row_ends, row_ends, row_ends, 0, 0, 0)  # no peers: never read (WORLD = 0)
     listing = pub.list_slots > 0
@@ -946,6 +1009,13 @@ def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, s
     peers_arg = (arrivals, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, pub.max_rows)
     target = dict(N=n, PLANES=_planes(words, n), SLOTS=max(pub.list_slots, 1), LIST=listing, PDL=pdl)
     peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers)
+    if limit <= SHORT_ROWS:
+        row = max(triton.next_power_of_2(min(max_local_len, SHORT_ROWS)), 1024)
+        return [Launch(row_kernel, (rows,), (out, rows_arg, limit, peers_arg),
+                       dict(target, ROW=row, **peers), ROW_WARPS)]
+    p = plan(n, max_local_len)
+    blocks = triton.cdiv(max(limit, 1), BLOCK.value)
+    spans = triton.cdiv(blocks, p.span)
     pairs = logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0 and logits.data_ptr() % 4 == 0
     return [
         Launch(estimate_kernel, (rows,), (out, scratch, rows_arg, limit),
@@ -970,10 +1040,10 @@ def select_local(out, logits, row_starts, row_ends, *, n: int, max_local_len: in
     valid, each [T] int32 or int64; row_starts None: 0) into ``out``: int32
     [T, n + P*n/32] (round 1), or, for pushed lists, the receive buffer
     [max_rows, slots, n + P*n/32] (rows where this rank is saturated only).
-    scratch: int32 [>= T, plan(n, max_local_len).scratch_words] (enough for
-    any narrower call, which is planned for its own width); arrivals:
-    int32 [>= T], zero between calls (the kernels leave them so), read
-    only where rows are published. pdl: launch each kernel as a
+    scratch: int32 [>= T, plan(n, max_local_len).scratch_words] and
+    arrivals: int32 [>= T], zero between calls (the kernels leave them so),
+    are the spread pipeline's (arrivals read only where it publishes rows;
+    calls at most SHORT_ROWS wide read neither). pdl: launch each kernel as a
     programmatic dependent of the one before it (GPUs only)."""
     for launch in pipeline(out, logits, row_starts, row_ends, n=n, max_local_len=max_local_len, scratch=scratch,
                            arrivals=arrivals, publish=publish, pdl=pdl):

@@ -5,7 +5,8 @@ import triton
 import triton.language as tl
 
 from nvshmem_topk.kernels.keys import TIE_TILE, kth_largest, radix_boundary
-from nvshmem_topk.kernels.pack import _block_tokens, _filter_block, _load_tokens, _score_floor, _tile_threshold
+from nvshmem_topk.kernels.pack import (_bisected_threshold, _block_tokens, _filter_block, _load_tokens, _score_floor,
+                                       _tile_threshold)
 
 
 @triton.jit
@@ -55,6 +56,15 @@ def tile_threshold_kernel(out_ptr, score_ptr, valid_ptr, need_ptr, TILE: tl.cons
                                       tl.load(need_ptr + case))
     tl.store(out_ptr + case * 2, threshold)
     tl.store(out_ptr + case * 2 + 1, ties)
+
+
+@triton.jit
+def bisected_threshold_kernel(out_ptr, score_ptr, need_ptr, TILE: tl.constexpr):
+    """Per program: ``_bisected_threshold`` of score_ptr[case] (ord16 as
+    int32, 0 for invalid tokens) for need_ptr[case]."""
+    case = tl.program_id(0).to(tl.int64)
+    score = tl.load(score_ptr + case * TILE + tl.arange(0, TILE))
+    tl.store(out_ptr + case, _bisected_threshold(score, tl.load(need_ptr + case)))
 
 
 @triton.jit

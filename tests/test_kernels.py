@@ -23,6 +23,18 @@ needs_triton = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(params=["one program a row", "spread"])
+def pack_kernels(request, monkeypatch):
+    """The pack's two kernel families at the short widths of these tests:
+    one program a row (``pack.row_kernel``), and the spread pipeline that
+    rows wider than ``pack.SHORT_ROWS`` take."""
+    from nvshmem_topk.kernels import pack
+
+    if request.param == "spread":
+        monkeypatch.setattr(pack, "SHORT_ROWS", 0)
+    return request.param
+
+
 def _same_at_every_stage(logits, ends, **kw):
     ref = drive(logits, ends, impl="reference", **kw)
     tri = drive(logits, ends, impl="triton", **kw)
@@ -33,7 +45,7 @@ def _same_at_every_stage(logits, ends, **kw):
 
 @needs_triton
 @pytest.mark.parametrize("world_size", [1, 2, 3, *(pytest.param(w, marks=pytest.mark.slow) for w in (5, 8, 16))])
-def test_kernels_match_reference_stage_by_stage(world_size, device):
+def test_kernels_match_reference_stage_by_stage(world_size, device, pack_kernels):
     for name, logits, ends, k, n, inter in families(world_size, seed=2, rows=3, width=200, topk=64):
         got = _same_at_every_stage(logits.to(device), ends.to(device), topk=k, local_topk=n,
                                    interleave=inter)
@@ -42,7 +54,7 @@ def test_kernels_match_reference_stage_by_stage(world_size, device):
 
 @needs_triton
 @pytest.mark.parametrize("interleave", [1, 64])
-def test_score_families_match_reference_stage_by_stage(interleave, device):
+def test_score_families_match_reference_stage_by_stage(interleave, device, pack_kernels):
     """Every score family of the benchmarks (nvshmem_topk.testing), global
     rows sharded over 4 ranks, rows wide enough that each rank's pack
     samples them; and one rank holding the best scores (it saturates, so its
@@ -91,10 +103,10 @@ def test_rescue_with_more_candidates_than_its_tile_matches_reference(device):
 
 @needs_triton
 @pytest.mark.parametrize("world_size", [2, pytest.param(5, marks=pytest.mark.slow)])
-def test_merge_whose_finish_pushes_matches_reference(world_size, device):
+def test_merge_whose_pack_pushes_matches_reference(world_size, device, pack_kernels):
     """The merge as a serving call runs it (simulate_dcp_topk_merge, not
-    stage by stage): the pack's finish pushes each row and raises the flags,
-    with no push kernel. Every family against the reference and the oracle."""
+    stage by stage): the pack pushes each row and raises the flags, with no
+    push kernel. Every family against the reference and the oracle."""
 
     for name, logits, ends, k, n, inter in families(world_size, seed=4, rows=3, width=200, topk=64):
         got = nt.simulate_dcp_topk_merge(logits.to(device), ends.to(device), topk=k, local_topk=n,
@@ -106,7 +118,7 @@ def test_merge_whose_finish_pushes_matches_reference(world_size, device):
 
 @needs_triton
 @pytest.mark.parametrize("topk,local_topk", [(1, 1), (7, 3), (45, 20), (96, 32), (160, 64)])
-def test_any_topk_and_local_topk_match_reference(topk, local_topk, device):
+def test_any_topk_and_local_topk_match_reference(topk, local_topk, device, pack_kernels):
     """K need not be a multiple of 32 nor a power of 2, N is rounded up to
     32; from K = 45 a rank saturates in "saturated_max" (its pushed list
     holds K rounded up to 32) and the rescue runs."""
@@ -157,7 +169,7 @@ def test_sorted_output_with_a_saturated_rank_and_k_not_a_power_of_2(topk, device
 @needs_triton
 @pytest.mark.parametrize("world_size,width,topk", [(3, 6000, 4096), (8, 4000, 4096), (3, 6000, 3000),
                                                     (4, 4000, 2047)])
-def test_large_k_with_saturation_matches_reference(world_size, width, topk, device):
+def test_large_k_with_saturation_matches_reference(world_size, width, topk, device, pack_kernels):
     gen = torch.Generator().manual_seed(world_size)
     logits = torch.randn(world_size, 2, width, generator=gen).bfloat16()
     logits[0, 0, :8192] += 6.0  # rank 0 saturated on row 0
@@ -191,6 +203,7 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     from nvshmem_topk import reference
     from nvshmem_topk.kernels import pack
 
+    monkeypatch.setattr(pack, "SHORT_ROWS", 0)  # rows this short are one program's (``row_kernel``)
     gen = torch.Generator().manual_seed(6)
     n, width = 128, 3 * 4096 + 700
     normal = torch.randn(2, width, generator=gen)
@@ -370,6 +383,39 @@ def test_tile_threshold_near_the_top_and_far_from_it(device):
 
 
 @needs_triton
+def test_bisected_threshold_is_the_need_th_largest_score(device):
+    """The short rows' threshold (a count a bit, the first fifteen on two
+    levels an int32) against its definition, over every ord16 from the
+    least valid one to +inf, all-equal and two-level rows on both sides of
+    an odd/even step, and needs past the valid count (0)."""
+    from kernel_probes import bisected_threshold_kernel
+
+    from nvshmem_topk.kernels.keys import MIN_VALID
+
+    gen = torch.Generator().manual_seed(14)
+    tile, cases = 4096, []
+    for need in (1, 2, 384, 2048, 4095, 4096, 4097):
+        spread = torch.randint(MIN_VALID.value, 0xFF81, (tile,), generator=gen)
+        spread[:2] = torch.tensor([MIN_VALID.value, 0xFF80])
+        cases.append((spread, need))
+        masked = spread.clone()
+        masked[torch.rand(tile, generator=gen) < 0.5] = 0  # invalid tokens count nothing
+        cases.append((masked, need))
+        cases.append((torch.full((tile,), 0xBF81), need))  # all equal, an odd score
+        two = torch.full((tile,), 0x8000)
+        two[::3] = 0x8001  # ReLU-style zeros and the next score up
+        cases.append((two, need))
+        cases.append((0xC000 + torch.randint(0, 4, (tile,), generator=gen), need))
+    scores = torch.stack([c[0] for c in cases]).to(torch.int32)
+    needs = torch.tensor([c[1] for c in cases], dtype=torch.int32)
+    out = torch.empty(len(cases), dtype=torch.int32, device=device)
+    bisected_threshold_kernel[(len(cases),)](out, scores.to(device), needs.to(device), TILE=tile)
+    for case, (score, need) in enumerate(zip(scores, needs.tolist())):
+        kept = score[score != 0].sort(descending=True).values
+        assert out[case].item() == (int(kept[need - 1]) if kept.numel() >= need else 0), (case, need)
+
+
+@needs_triton
 def test_kth_largest_near_the_top_and_far_from_it(device):
     """The select's k-th key (a histogram of the score's level below the top
     level, then the last score bit and the gid bits; the full radix from the top
@@ -484,7 +530,7 @@ def test_fp32_logits_round_to_bf16_like_the_reference(device):
 
 
 @needs_triton
-def test_fp16_scores_rank_in_fp16_order_with_int64_row_ends(device):
+def test_fp16_scores_rank_in_fp16_order_with_int64_row_ends(device, pack_kernels):
     """fp16 scores that tie once rounded to bf16 (so a bf16 ranking would
     choose other ids), every fp16 NaN pattern class, infinities, zeros of
     both signs and subnormals; int64 row ends, some rows cut short."""
@@ -506,7 +552,7 @@ def test_fp16_scores_rank_in_fp16_order_with_int64_row_ends(device):
 
 @needs_triton
 @pytest.mark.parametrize("width,dtype", [(9000, torch.bfloat16), (9001, torch.bfloat16), (700, torch.float32)])
-def test_row_starts_match_reference_stage_by_stage(width, dtype, device):
+def test_row_starts_match_reference_stage_by_stage(width, dtype, device, pack_kernels):
     """Rows valid from a start: at 0, odd (inside a bf16 pair: an even
     width is read in pairs, an odd one token by token), on and around a
     block's edge, at or past the end; long rows (sampled, several blocks),
