@@ -442,9 +442,9 @@ def _score_floor(floor):
 
 @triton.jit
 def _line_positions(flags):
-    """Exclusive prefix count, in token order, of a [BLOCK / 8, 8] block of
-    0/1 flags: a thread's 8 tokens are summed in place, one scan runs over
-    the lines."""
+    """Exclusive prefix count, in token order, of [lines, 8] counts (a
+    line: 8 adjacent tokens): a thread's 8 tokens are summed in place, one
+    scan runs over the lines."""
     per_line = tl.sum(flags, axis=1)
     return (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flags, axis=1) - flags
 
@@ -905,17 +905,18 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.con
 
 @triton.jit
 def _bisected_threshold(score, need):
-    """The largest ord16 t with at least ``need`` of the ``score``s (1-D,
-    0 for invalid tokens) >= t; 0 when fewer are valid. One count a bit,
+    """The largest ord16 t with at least ``need`` of the ``score``s (any
+    shape, 0 for invalid tokens) >= t; 0 when fewer are valid. One count a bit,
     from the top, whatever the scores: a histogram pass (tl.histogram takes
     a warp ballot per bit of the bin, and more to combine them) costs
     several times as much. The first fifteen compare levels (the score
     without its last bit: even candidates) two to an int32, a 16-bit field
     each: level + 0x8000 - c sets the field's top bit iff level >= c, and
     never carries out of it; the last compares whole scores."""
-    level = score >> 1
-    even, odd = tl.split(tl.reshape(level, (level.shape[0] // 2, 2)))
+    level = tl.reshape(score >> 1, (score.numel // 2, 2), can_reorder=True)  # counts need no order
+    even, odd = tl.split(level)
     pairs = even | (odd << 16)
+    score = tl.reshape(score, (score.numel,), can_reorder=True)
     threshold = tl.zeros((), dtype=tl.int32)
     for bit in tl.static_range(15, 0, -1):
         candidate = threshold | (1 << bit)
@@ -933,10 +934,11 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
                LIST: tl.constexpr, ROW: tl.constexpr,
                WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """The whole local top-N of a short row (ROW tokens, a power of 2 up to
-    SHORT_ROWS) in one program: the row held in registers, its threshold by
-    ``_bisected_threshold`` (the same counts for any scores), then one scan in
-    token order of the tokens above it and of its ties (two counts in one
-    int32: ties << 16 stays below 2^31) places the kept ones; the rest of
+    SHORT_ROWS) in one program: the row held in registers as lines of 8
+    adjacent tokens, its threshold by ``_bisected_threshold`` (the same
+    counts for any scores), then one scan in token order (``_line_positions``)
+    of the tokens above it and of its ties (two counts in one int32: ties <<
+    16 stays below 2^31) places the kept ones; the rest of
     the packed row is zeroed (no id reaches 2^16: every plane bit is 0)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
@@ -945,16 +947,16 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
     active, offset = _target(row, sat_ptr, rank, words, SLOTS, LIST)
     if active:
         start, end = _row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
-        local = tl.arange(0, ROW)
+        local = tl.arange(0, ROW // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]  # 8 adjacent tokens a thread
         inside = (local >= start) & (local < end)
         score = _order(tl.load(logits_ptr + row * logits_stride + local, mask=inside, other=float("nan")))
         threshold = _bisected_threshold(score, N)
         above = score > threshold
         tie = (score == threshold) & (threshold != 0)  # threshold 0: every valid token is kept
         counts = above.to(tl.int32) | (tie.to(tl.int32) << 16)
-        before = tl.cumsum(counts, axis=0) - counts  # tokens above, and ties, before each token
+        before = _line_positions(counts)  # tokens above, and ties, before each token
         ties_before = before >> 16
-        totals = tl.sum(counts, axis=0)
+        totals = tl.sum(tl.sum(counts, axis=1), axis=0)
         all_above = totals & 0xFFFF
         ties_taken = tl.minimum(N - all_above, totals >> 16)  # threshold 0: fewer than N above, no ties
         out_row = out_ptr + offset
