@@ -252,6 +252,27 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
 
 
 @needs_triton
+def test_short_rows_of_a_wide_workspace_fill_every_word(device):
+    """A call at most pack.SHORT_ROWS wide on a workspace planned for ids
+    past 2^16 (bit planes): the short-row kernel writes every word of the
+    packed row (the kept words, zeros after them, zero planes) over
+    whatever the buffer held; rows cut short, fewer valid tokens than n."""
+    from nvshmem_topk import reference
+    from nvshmem_topk.kernels import pack
+
+    gen = torch.Generator().manual_seed(17)
+    n, width, max_local_len = 64, 3000, (1 << 17) + 5
+    logits = torch.randn(3, width, generator=gen).bfloat16()
+    logits[1, 40:] = float("nan")  # 40 valid tokens: fewer than n
+    ends = torch.tensor([width, width, 777], dtype=torch.int32)
+    want = reference.pack(logits, ends, n, max_local_len)
+    assert want.shape[1] > n, "the rows carry planes"
+    got = torch.full_like(want, -1).to(device)
+    pack.pack(got, logits.to(device), None, ends.to(device), local_topk=n, max_local_len=max_local_len)
+    assert torch.equal(got.cpu(), want)
+
+
+@needs_triton
 def test_filter_counts_are_exact_on_every_bf16(device):
     """The filter's four counts of a block (valid tokens, candidates, >= and
     > the probe, the last two on the sign-folded integer of the bits, not as
