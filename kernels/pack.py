@@ -1042,7 +1042,7 @@ def select_local(out, logits, row_starts, row_ends, *, n: int, max_local_len: in
     valid, each [T] int32 or int64; row_starts None: 0) into ``out``: int32
     [T, n + P*n/32] (round 1), or, for pushed lists, the receive buffer
     [max_rows, slots, n + P*n/32] (rows where this rank is saturated only).
-    scratch: int32 [>= T, plan(n, max_local_len).scratch_words] and
+    scratch: int32 [>= T, scratch_words(n, max_local_len)] and
     arrivals: int32 [>= T], zero between calls (the kernels leave them so),
     are the spread pipeline's (arrivals read only where it publishes rows;
     calls at most SHORT_ROWS wide read neither). pdl: launch each kernel as a
@@ -1052,12 +1052,19 @@ def select_local(out, logits, row_starts, row_ends, *, n: int, max_local_len: in
         launch()
 
 
+def scratch_words(n: int, max_local_len: int) -> int:
+    """Scratch words a row of ``select_local``'s calls needs: the spread
+    pipeline's, or one (no call reads it) when every call is at most
+    SHORT_ROWS wide."""
+    return plan(n, max_local_len).scratch_words if max_local_len > SHORT_ROWS else 1
+
+
 def scratch_for(rows: int, n: int, max_local_len: int, device, *, publishing: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(scratch, arrivals) for ``select_local`` over ``rows`` rows. Only
     rows published to peers count arrivals: without (``publishing`` False)
     the scratch stands in for them and nothing is zeroed, a kernel less."""
-    scratch = torch.empty((rows, plan(n, max_local_len).scratch_words), dtype=torch.int32, device=device)
+    scratch = torch.empty((rows, scratch_words(n, max_local_len)), dtype=torch.int32, device=device)
     return scratch, torch.zeros(rows, dtype=torch.int32, device=device) if publishing else scratch
 
 

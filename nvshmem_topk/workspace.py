@@ -66,7 +66,7 @@ class DcpTopkWorkspace:
       sat     int64 [max_rows]: saturation state of each row's last select.
       status  int32 [4]: (failed, row, rank, epoch) of an expired wait.
       scratch, arrivals, ties, selected (impl "triton"): the kernels'
-              scratch (``kernels.pack.plan``, ``kernels.select``).
+              scratch (``kernels.pack.scratch_words``, ``kernels.select``).
 
     Use one workspace per merge that can be in flight at a time; free it with
     ``destroy()`` (collective) before the group goes away.
@@ -110,7 +110,7 @@ class DcpTopkWorkspace:
         if impl == "triton":  # the kernels' scratch, so that no merge allocates
             from .kernels import keys, pack, select
 
-            words = max(pack.plan(n, max_local_len).scratch_words for n in (local_topk, self.list_len))
+            words = max(pack.scratch_words(n, max_local_len) for n in (local_topk, self.list_len))
             self.scratch = torch.empty((max_rows, words), dtype=torch.int32, device=self.device)
             self.arrivals = torch.zeros(max_rows, dtype=torch.int32, device=self.device)  # left as found
             self.ties = torch.empty((max_rows, keys.TIE_TILE), dtype=torch.int64, device=self.device)

@@ -489,7 +489,8 @@ def test_plan_sizes_the_tile_and_the_scratch():
     MAX_TILE that holds the expected candidates (n r_lo / r, r the sample
     rank where the n-th score is expected) with four standard deviations to
     spare; a narrower row never needs more scratch than the widest (the
-    workspace sizes it once, for max_local_len)."""
+    workspace sizes it once, for max_local_len), and a workspace whose
+    calls are all short keeps one word a row (the row kernel reads none)."""
     from nvshmem_topk.kernels import pack
 
     for n in (32, 192, 384, 768, 1536, 2048, 4096):
@@ -503,6 +504,8 @@ def test_plan_sizes_the_tile_and_the_scratch():
             assert p.scratch_words <= widest.scratch_words, (n, width)
     assert pack.plan(384, 16384).tile == 1024
     assert pack.plan(384, 131072).tile == 2048
+    assert pack.scratch_words(384, pack.SHORT_ROWS) == 1
+    assert pack.scratch_words(384, pack.SHORT_ROWS + 1) == pack.plan(384, pack.SHORT_ROWS + 1).scratch_words
 
 
 @needs_triton
