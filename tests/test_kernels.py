@@ -406,9 +406,10 @@ def test_tile_threshold_near_the_top_and_far_from_it(device):
 @needs_triton
 def test_bisected_threshold_is_the_need_th_largest_score(device):
     """The short rows' threshold (a count a bit, the first fifteen on two
-    levels an int32) against its definition, over every ord16 from the
-    least valid one to +inf, all-equal and two-level rows on both sides of
-    an odd/even step, and needs past the valid count (0)."""
+    levels an int32) against its definition: scores spread from the least
+    valid ord16 to +inf (both present), half of them masked, all-equal and
+    two-level rows on both sides of an odd/even step, and needs past the
+    valid count (0)."""
     from kernel_probes import bisected_threshold_kernel
 
     from nvshmem_topk.kernels.keys import MIN_VALID
