@@ -63,7 +63,7 @@ MAX_GROUPS = 512  # the estimate samples at most 8 * MAX_GROUPS tokens
 SAMPLE_RANK = tl.constexpr(256)  # the sample is sized to hold about this many of the row's top-n
 MAX_TILE = 4096
 SHORT_ROWS = 16384  # calls this wide or narrower: a program a row (``row_kernel``); at most 2^14 (its scan)
-ROW_WARPS = 16  # 32 tokens a thread (8 warps packed alone 0.6 µs faster, but merged 60 µs slower on the H200)
+ROW_WARPS = 16  # 32 tokens a thread: the merge's fastest on the H200 (docs/performance.md)
 SIGMAS = tl.constexpr(4)  # the estimate's margin, in standard deviations of the sample's count
 
 # Scratch of a row (int32): the estimate's floor and probe and the row's
@@ -936,10 +936,11 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
     """The whole local top-N of a short row (ROW tokens, a power of 2 up to
     SHORT_ROWS) in one program: the row held in registers as lines of 8
     adjacent tokens, its threshold by ``_bisected_threshold`` (the same
-    counts for any scores), then one scan in token order (``_line_positions``)
-    of the tokens above it and of its ties (two counts in one int32: ties <<
-    16 stays below 2^31) places the kept ones; the rest of
-    the packed row is zeroed (no id reaches 2^16: every plane bit is 0)."""
+    counts for any scores), then one scan in token order
+    (``_line_positions``) of the tokens above it and of its ties (two counts
+    in one int32: ties << 16 stays below 2^31) places the kept ones; the
+    rest of the packed row is zeroed (no id reaches 2^16: every plane bit is
+    0)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     words: tl.constexpr = N + PLANES * (N // 32)
