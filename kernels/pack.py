@@ -25,7 +25,7 @@ spread over its blocks of BLOCK tokens, so no program walks a row:
 3. finish (a program per span of up to MAX_SPAN blocks) settles each row from the
    counts summed over its blocks, the same way in every program:
    - listed: n <= candidates <= ROOM, or every valid token is one. The first
-     span's program selects from them in registers (one tile, or two).
+     span's program selects from them in registers, a count a bit.
    - exact: the probe is the threshold (fewer than n above it, n at or
      above it), or every valid token is taken. Each block with tokens to
      keep writes them at its place in the row, from the earlier counts.
@@ -48,8 +48,8 @@ import triton
 import triton.language as tl
 
 from .exchange import call_epoch, push_list, push_row
-from .keys import (MAX_PEERS, MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, TIE_BINS, TIE_DIGIT, score16_bits, is_nan_bits,
-                   near_bin, near_boundary, ord16, packed_word, radix_boundary, score_bits)
+from .keys import (MAX_PEERS, MIN_VALID, NEAR_BINS, SAT_MASK_SHIFT, score16_bits, is_nan_bits, near_bin, ord16,
+                   packed_word, radix_boundary, score_bits)
 from .launch import Launch
 from .sync import after_prior_kernel, last_to_arrive
 
@@ -61,7 +61,7 @@ SPAN_WARPS = 8
 ESTIMATE_WARPS = 8
 MAX_GROUPS = 512  # the estimate samples at most 8 * MAX_GROUPS tokens
 SAMPLE_RANK = tl.constexpr(256)  # the sample is sized to hold about this many of the row's top-n
-MAX_TILE = 4096
+MAX_ROOM = 8192  # candidates the finish holds in registers (16 a thread at its widest)
 SHORT_ROWS = 16384  # calls this wide or narrower: a program a row (``row_kernel``); at most 2^14 (its scan)
 ROW_WARPS = 16  # 32 tokens a thread: the merge's fastest on the H200 (docs/performance.md)
 SIGMAS = tl.constexpr(4)  # the estimate's margin, in standard deviations of the sample's count
@@ -77,13 +77,13 @@ LISTED, EXACT, RADIX = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # how 
 @dataclass(frozen=True)
 class Plan:
     """The compile-time shape of one pipeline: n selected from rows of up to
-    ``max_local_len`` tokens. ``tile``: candidates held in registers at once
-    (ROOM = 2 tiles in all, the most a block's region keeps); ``groups``:
-    most groups of 8 the estimate samples; ``blocks_p2``: blocks of the
-    longest row, rounded up to a power of two (spans too)."""
+    ``max_local_len`` tokens. ``room``: the most candidates a row is
+    selected from (held in registers at once); ``groups``: most groups of 8
+    the estimate samples; ``blocks_p2``: blocks of the longest row, rounded
+    up to a power of two (spans too)."""
 
     n: int
-    tile: int
+    room: int
     groups: int
     blocks_p2: int
 
@@ -92,10 +92,6 @@ class Plan:
         """Blocks a finish or radix program covers: about SPANS programs a
         row, so that an exact row's writes are spread even when it is short."""
         return min(MAX_SPAN, max(1, self.blocks_p2 // SPANS))
-
-    @property
-    def room(self) -> int:
-        return 2 * self.tile
 
     @property
     def region(self) -> int:
@@ -132,14 +128,14 @@ def expected_candidates(n: int, rank: float) -> float:
 
 def plan(n: int, max_local_len: int) -> Plan:
     """Enough groups that about SAMPLE_RANK sampled tokens fall in the
-    longest row's top-n (at most MAX_GROUPS), and a tile that holds its
+    longest row's top-n (at most MAX_GROUPS), and room for twice its
     candidates with four standard deviations to spare: a row's count of them
     is about n r_lo / r, the sample's r_lo-th score standing for the n-th."""
     groups = min(MAX_GROUPS, max(64, triton.next_power_of_2(math.ceil(SAMPLE_RANK.value * max_local_len / (8 * n)))))
     rank = max(1.0, min(SAMPLE_RANK.value, n * 8 * groups / max_local_len))
-    tile = min(max(256, triton.next_power_of_2(math.ceil(expected_candidates(n, rank)))), MAX_TILE)
+    room = min(max(512, 2 * triton.next_power_of_2(math.ceil(expected_candidates(n, rank)))), MAX_ROOM)
     blocks_p2 = triton.next_power_of_2(triton.cdiv(max_local_len, BLOCK.value))
-    return Plan(n=n, tile=tile, groups=groups, blocks_p2=blocks_p2)
+    return Plan(n=n, room=room, groups=groups, blocks_p2=blocks_p2)
 
 
 # Kernels that take the call's row width never specialise on it (Triton
@@ -239,75 +235,6 @@ def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
 
 
 @triton.jit
-def _threshold(high_bucket, above_high, low, need):
-    """(threshold ord16, ties of it taken) from the high byte's boundary
-    (``radix_boundary`` of its histogram) and the low byte's histogram
-    inside that bucket. With fewer than ``need`` elements every one is
-    taken: threshold 0 is below any valid score."""
-    low_bucket, above_low, _ = radix_boundary(low, need - above_high)
-    enough = high_bucket >= 0
-    threshold = tl.where(enough, high_bucket * 256 + low_bucket, 0)
-    return threshold, tl.where(enough, need - above_high - above_low, 0)
-
-
-@triton.jit
-def _near_group(level, present, need):
-    """(group, shift, bucket, above, in_bucket): ``near_boundary`` over the
-    present ``level``s (non-negative), the need-th largest in the group of
-    2^shift levels ``group`` (level >> shift == group). When the boundary
-    falls in bin 0, which gathers every level NEAR_BINS - 1 or more below
-    the top (heavy tails, a tie far below a few scores), one more histogram
-    of groups of the fewest shift bits that bring the lowest present level
-    within NEAR_BINS - 1 groups of the top, so that no group is gathered
-    with another."""
-    group, bucket, above, in_bucket = near_boundary(level, present, need)
-    shift = tl.zeros((), dtype=tl.int32)
-    if bucket == 0:
-        top = group + (NEAR_BINS - 1)  # near_boundary's group is its top level - (NEAR_BINS - 1) + bucket
-        bottom = tl.min(tl.where(present, level, top), axis=0)
-        for _ in tl.static_range(15):  # levels have at most 15 bits
-            shift += ((top >> shift) - (bottom >> shift) >= NEAR_BINS).to(tl.int32)
-        if shift > 0:
-            bucket, above, in_bucket = radix_boundary(
-                tl.histogram(near_bin(top >> shift, level >> shift), NEAR_BINS, mask=present), need)
-            group = (top >> shift) - (NEAR_BINS - 1) + bucket
-    return group, shift, bucket, above, in_bucket
-
-
-@triton.jit
-def _tile_threshold(score, valid, need):
-    """(threshold ord16, ties of it taken) of the ``need`` largest valid
-    scores of one tile held in registers; (0, 0) when fewer.
-    ``_near_group`` over each score's level (the score without its lowest
-    bit, as in the select's ``kth_largest``) fixes the group of levels
-    that holds the need-th score. A group of one level is settled by
-    a count of its upper score; a wider one (heavy tails, a tie far below a
-    few scores) by a radix select over the score bits under the group's."""
-    group, shift, bucket, above, _ = _near_group(score >> 1, valid, need)
-    ties_taken = need - above
-    if bucket < 0:  # fewer than ``need``: every one is taken
-        threshold = tl.zeros((), dtype=tl.int32)
-        ties_taken = tl.zeros((), dtype=tl.int32)
-    elif shift == 0:
-        upper = group * 2 + 1
-        upper_count = tl.sum((valid & (score == upper)).to(tl.int32), axis=0)
-        threshold = tl.where(ties_taken <= upper_count, upper, upper - 1)
-        ties_taken = tl.where(ties_taken <= upper_count, ties_taken, ties_taken - upper_count)
-    else:
-        fixed = shift + 1  # the score's bits from ``fixed`` up are the group's
-        threshold = group << fixed
-        while fixed > 0:
-            low = tl.maximum(fixed - TIE_DIGIT, 0)
-            match = valid & ((score >> fixed) == (threshold >> fixed))
-            digit = (score >> low) & ((1 << (fixed - low)) - 1)
-            chosen, higher, _ = radix_boundary(tl.histogram(digit, TIE_BINS, mask=match), ties_taken)
-            ties_taken -= higher
-            threshold |= chosen << low
-            fixed = low
-    return threshold, ties_taken
-
-
-@triton.jit
 def _store_words(out_row, pos, score, local, keep, N: tl.constexpr, PLANES: tl.constexpr):
     """The kept tokens' words into slots ``pos`` of a zeroed packed row, and
     their id bits above 16 into the planes (tokens written by different
@@ -319,17 +246,27 @@ def _store_words(out_row, pos, score, local, keep, N: tl.constexpr, PLANES: tl.c
                      sem="relaxed")
 
 
+
+
 @triton.jit
-def _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen, N: tl.constexpr,
-             PLANES: tl.constexpr):
-    """Write one tile's kept tokens from slot ``kept`` on, in tile order;
-    ``ties_seen`` threshold ties came before the tile. Returns both updated."""
-    is_tie = valid & (score == threshold)
-    tie = is_tie.to(tl.int32)
-    keep = (valid & (score > threshold)) | (is_tie & (ties_seen + tl.cumsum(tie, axis=0) - tie < ties_taken))
-    keep_i = keep.to(tl.int32)
-    _store_words(out_row, kept + tl.cumsum(keep_i, axis=0) - keep_i, score, local, keep, N, PLANES)
-    return kept + tl.sum(keep_i, axis=0), ties_seen + tl.sum(tie, axis=0)
+def _above_and_ties(score, threshold):
+    """Per token (ord16 ``score``, 0 if invalid), two counts in one int32:
+    1 if above ``threshold``, 1 << 16 if tied with it (none for threshold 0:
+    every valid token is above it)."""
+    return (score > threshold).to(tl.int32) | (((score == threshold) & (threshold != 0)).to(tl.int32) << 16)
+
+
+@triton.jit
+def _kept_slots(counts, before, totals, N: tl.constexpr):
+    """(slot, keep, kept): where each token goes in the packed row and
+    whether it is kept, and how many are, from ``_above_and_ties`` per token
+    (at most 2^15 - 1 tokens), their exclusive scan in token order and
+    their totals. Every token above the threshold is kept, and its ties,
+    lowest id first, up to N in all."""
+    ties_before = before >> 16
+    ties_taken = tl.minimum(N - (totals & 0xFFFF), totals >> 16)
+    keep = ((counts & 0xFFFF) != 0) | ((counts > 0xFFFF) & (ties_before < ties_taken))
+    return (before & 0xFFFF) + tl.minimum(ties_before, ties_taken), keep, (totals & 0xFFFF) + ties_taken
 
 
 @triton.jit
@@ -632,10 +569,10 @@ def _settle(scratch, blocks, N: tl.constexpr, ROOM: tl.constexpr, BLOCKS_P2: tl.
     all_above = tl.sum(above, axis=0)
     on_list = (all_listed <= ROOM) & ((all_listed >= N) | (all_listed == all_valid))
     tie = (all_above < N) & (tl.sum(reach, axis=0) >= N)
-    # One tile of candidates is the cheapest; then the threshold known (a
-    # tie, or every valid token), each block writing its own; then two tiles.
+    # The candidates when they hold the top n (no second read of the row),
+    # then the threshold known (a tie, or every valid token).
     exact = tie | (all_valid <= N)
-    mode = tl.where(on_list & ((all_listed <= ROOM // 2) | ~exact), LISTED, tl.where(exact, EXACT, RADIX))
+    mode = tl.where(on_list, LISTED, tl.where(exact, EXACT, RADIX))
     threshold = tl.where(tie, tl.load(scratch + PROBE), 0)  # 0: every valid token is taken
     greater = tl.where(tie, above, valid)
     equal = tl.where(tie, reach - above, 0)
@@ -713,37 +650,18 @@ def _candidates(regions, slot, total, counts, ends, BLOCKS_P2: tl.constexpr, REG
 
 @triton.jit
 def _select_listed(out_row, regions, listed, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                   REGION: tl.constexpr, TILE: tl.constexpr):
-    """The packed top-N of a row's candidates (at most two tiles of them,
-    in ascending local id): held in one tile, or walked tile by tile (two
-    histogram passes, then the compaction)."""
+                   REGION: tl.constexpr, ROOM: tl.constexpr):
+    """The packed top-N of a row's candidates (at most ROOM, in ascending
+    local id), held at once: their threshold by ``_bisected_threshold``
+    between their lowest and highest scores, the same counts whatever the
+    scores, then one compaction."""
     ends = tl.cumsum(listed, axis=0)
     total = tl.sum(listed, axis=0)
-    zero = tl.zeros((), dtype=tl.int32)
-    if total <= TILE:
-        local, score, valid = _candidates(regions, tl.arange(0, TILE), total, listed, ends, BLOCKS_P2, REGION)
-        threshold, ties_taken = _tile_threshold(score, valid, N)
-        _compact(out_row, local, score, valid, threshold, ties_taken, zero, zero, N, PLANES)
-    else:
-        high = tl.zeros((256,), dtype=tl.int32)
-        for start in range(0, 2 * TILE, TILE):
-            local, score, valid = _candidates(regions, start + tl.arange(0, TILE), total, listed, ends, BLOCKS_P2,
-                                              REGION)
-            high += _histogram(score, valid, 0, False)
-        high_bucket, above_high, in_high = radix_boundary(high, N)
-        low = tl.zeros((256,), dtype=tl.int32)
-        for start in range(0, 2 * TILE, TILE):
-            local, score, valid = _candidates(regions, start + tl.arange(0, TILE), total, listed, ends, BLOCKS_P2,
-                                              REGION)
-            low += _histogram(score, valid, high_bucket, True)
-        threshold, ties_taken = _threshold(high_bucket, above_high, low, N)
-        kept = zero
-        ties_seen = zero
-        for start in range(0, 2 * TILE, TILE):
-            local, score, valid = _candidates(regions, start + tl.arange(0, TILE), total, listed, ends, BLOCKS_P2,
-                                              REGION)
-            kept, ties_seen = _compact(out_row, local, score, valid, threshold, ties_taken, kept, ties_seen, N,
-                                       PLANES)
+    local, score, valid = _candidates(regions, tl.arange(0, ROOM), total, listed, ends, BLOCKS_P2, REGION)
+    lowest = tl.where(total >= N, tl.min(tl.where(valid, score, 0xFFFF), axis=0), 0)  # fewer: every one is kept
+    counts = _above_and_ties(score, _bisected_threshold(score, N, lowest, tl.max(score, axis=0)))
+    slot, keep, _ = _kept_slots(counts, tl.cumsum(counts, axis=0) - counts, tl.sum(counts, axis=0), N)
+    _store_words(out_row, slot, score, local, keep, N, PLANES)
 
 
 @triton.jit
@@ -776,7 +694,7 @@ def _publish_when_last(out_ptr, offset, row, spans, peers, rank, WORDS: tl.const
 @_any_width
 def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
                   SLOTS: tl.constexpr, LIST: tl.constexpr, REGION: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                  HISTOGRAMS_AT: tl.constexpr, REGIONS_AT: tl.constexpr, TILE: tl.constexpr, SPAN: tl.constexpr,
+                  HISTOGRAMS_AT: tl.constexpr, REGIONS_AT: tl.constexpr, ROOM: tl.constexpr, SPAN: tl.constexpr,
                   WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Settles the row from the filter's counts: the first span selects from
     the candidates, every block with tokens to keep writes them, or every
@@ -791,12 +709,12 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
         scratch = scratch_ptr + row * scratch_stride
         window = _row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
         blocks = tl.cdiv(tl.maximum(width_limit, 1), BLOCK)
-        mode, listed, threshold, quota, greater, equal = _settle(scratch, blocks, N, 2 * TILE, BLOCKS_P2)
+        mode, listed, threshold, quota, greater, equal = _settle(scratch, blocks, N, ROOM, BLOCKS_P2)
         if span == 0:
             tl.store(scratch + MODE, mode)
         if mode == LISTED:
             if span == 0:
-                _select_listed(out_ptr + offset, scratch + REGIONS_AT, listed, N, PLANES, BLOCKS_P2, REGION, TILE)
+                _select_listed(out_ptr + offset, scratch + REGIONS_AT, listed, N, PLANES, BLOCKS_P2, REGION, ROOM)
                 _publish(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
         elif mode == EXACT:
             b = tl.arange(0, BLOCKS_P2)
@@ -904,28 +822,35 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.con
 
 
 @triton.jit
-def _bisected_threshold(score, need):
+def _bisected_threshold(score, need, lowest, highest):
     """The largest ord16 t with at least ``need`` of the ``score``s (any
     shape, 0 for invalid tokens) >= t; 0 when fewer are valid. One count a bit,
-    from the top, whatever the scores: a histogram pass (tl.histogram takes
-    a warp ballot per bit of the bin, and more to combine them) costs
-    several times as much. The first fifteen compare levels (the score
-    without its last bit: even candidates) two to an int32, a 16-bit field
-    each: level + 0x8000 - c sets the field's top bit iff level >= c, and
-    never carries out of it; the last compares whole scores."""
+    from the top: a histogram pass (tl.histogram takes a warp ballot per bit
+    of the bin, and more to combine them) costs several times as much. Every
+    valid score lies in [``lowest``, ``highest``], and when ``lowest`` > 0 at
+    least ``need`` are valid, so a bit whose answer the bounds give is not
+    counted. The first fifteen compare levels (the score without its last
+    bit: even candidates) two to an int32, a 16-bit field each: level +
+    0x8000 - c sets the field's top bit iff level >= c, and never carries out
+    of it; the last compares whole scores."""
     level = tl.reshape(score >> 1, (score.numel // 2, 2), can_reorder=True)  # counts need no order
     even, odd = tl.split(level)
     pairs = even | (odd << 16)
     score = tl.reshape(score, (score.numel,), can_reorder=True)
     threshold = tl.zeros((), dtype=tl.int32)
-    for bit in tl.static_range(15, 0, -1):
+    for bit in tl.static_range(15, -1, -1):
         candidate = threshold | (1 << bit)
-        reached = ((pairs + (0x8000 - (candidate >> 1)) * 0x10001) >> 15) & 0x10001  # wraps: bit 31 lands on 16
-        fields = tl.sum(reached, axis=0)  # each field at most ROW / 2
-        if (fields & 0xFFFF) + (fields >> 16) >= need:
+        if candidate <= lowest:
             threshold = candidate
-    if tl.sum((score > threshold).to(tl.int32), axis=0) >= need:
-        threshold |= 1
+        elif candidate <= highest:
+            if bit > 0:
+                reached = ((pairs + (0x8000 - (candidate >> 1)) * 0x10001) >> 15) & 0x10001  # bit 31 lands on 16
+                fields = tl.sum(reached, axis=0)  # each field at most ROW / 2
+                reached = (fields & 0xFFFF) + (fields >> 16)
+            else:
+                reached = tl.sum((score >= candidate).to(tl.int32), axis=0)
+            if reached >= need:
+                threshold = candidate
     return threshold
 
 
@@ -937,8 +862,7 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
     SHORT_ROWS) in one program: the row held in registers as lines of 8
     adjacent tokens, its threshold by ``_bisected_threshold`` (the same
     counts for any scores), then one scan in token order
-    (``_line_positions``) of the tokens above it and of its ties (two counts
-    in one int32: ties << 16 stays below 2^31) places the kept ones; the
+    (``_line_positions``) of ``_above_and_ties`` places the kept ones; the
     rest of the packed row is zeroed (no id reaches 2^16: every plane bit is
     0)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
@@ -951,19 +875,11 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
         local = tl.arange(0, ROW // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]  # 8 adjacent tokens a thread
         inside = (local >= start) & (local < end)
         score = _order(tl.load(logits_ptr + row * logits_stride + local, mask=inside, other=float("nan")))
-        threshold = _bisected_threshold(score, N)
-        above = score > threshold
-        tie = (score == threshold) & (threshold != 0)  # threshold 0: every valid token is kept
-        counts = above.to(tl.int32) | (tie.to(tl.int32) << 16)
-        before = _line_positions(counts)  # tokens above, and ties, before each token
-        ties_before = before >> 16
-        totals = tl.sum(tl.sum(counts, axis=1), axis=0)
-        all_above = totals & 0xFFFF
-        ties_taken = tl.minimum(N - all_above, totals >> 16)  # threshold 0: fewer than N above, no ties
+        counts = _above_and_ties(score, _bisected_threshold(score, N, 0, 0xFFFF))
+        slot, keep, kept = _kept_slots(counts, _line_positions(counts), tl.sum(tl.sum(counts, axis=1), axis=0), N)
         out_row = out_ptr + offset
-        tl.store(out_row + (before & 0xFFFF) + tl.minimum(ties_before, ties_taken), packed_word(score, local),
-                 mask=above | (tie & (ties_before < ties_taken)))
-        _zero_row_from(out_row, all_above + ties_taken, words, 1024)
+        tl.store(out_row + slot, packed_word(score, local), mask=keep)
+        _zero_row_from(out_row, kept, words, 1024)
         _publish(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
 
 
@@ -1028,7 +944,7 @@ def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, s
                dict(REGION=p.region, REGIONS_AT=p.regions_at, LIST=listing, PAIRS=pairs, PDL=pdl), FILTER_WARPS),
         Launch(finish_kernel, (spans, rows), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, HISTOGRAMS_AT=p.histograms_at,
-                    REGIONS_AT=p.regions_at, TILE=p.tile, SPAN=p.span, **peers), max(SPAN_WARPS, p.tile // 256)),
+                    REGIONS_AT=p.regions_at, ROOM=p.room, SPAN=p.span, **peers), max(SPAN_WARPS, p.room // 512)),
         Launch(radix_low_kernel, (spans, rows), (scratch, rows_arg, limit),
                dict(N=n, LIST=listing, HISTOGRAMS_AT=p.histograms_at, SPAN=p.span, PDL=pdl), SPAN_WARPS),
         Launch(radix_write_kernel, (spans, rows), (out, scratch, rows_arg, limit, peers_arg),

@@ -5,8 +5,7 @@ import triton
 import triton.language as tl
 
 from nvshmem_topk.kernels.keys import TIE_TILE, kth_largest, radix_boundary
-from nvshmem_topk.kernels.pack import (_bisected_threshold, _block_tokens, _filter_block, _load_tokens, _score_floor,
-                                       _tile_threshold)
+from nvshmem_topk.kernels.pack import _bisected_threshold, _block_tokens, _filter_block, _load_tokens, _score_floor
 
 
 @triton.jit
@@ -47,24 +46,19 @@ def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.co
 
 
 @triton.jit
-def tile_threshold_kernel(out_ptr, score_ptr, valid_ptr, need_ptr, TILE: tl.constexpr):
-    """Per program: (threshold, ties taken) of ``_tile_threshold`` over
-    score_ptr[case] (ord16 as int32) where valid_ptr[case] is set."""
-    case = tl.program_id(0).to(tl.int64)
-    offs = case * TILE + tl.arange(0, TILE)
-    threshold, ties = _tile_threshold(tl.load(score_ptr + offs), tl.load(valid_ptr + offs) != 0,
-                                      tl.load(need_ptr + case))
-    tl.store(out_ptr + case * 2, threshold)
-    tl.store(out_ptr + case * 2 + 1, ties)
-
-
-@triton.jit
 def bisected_threshold_kernel(out_ptr, score_ptr, need_ptr, TILE: tl.constexpr):
     """Per program: ``_bisected_threshold`` of score_ptr[case] (ord16 as
-    int32, 0 for invalid tokens) for need_ptr[case]."""
+    int32, 0 for invalid tokens) for need_ptr[case], unbounded at
+    out_ptr[2 * case] and, at out_ptr[2 * case + 1], bounded as the finish
+    bounds its candidates (their lowest score when they hold need, and
+    their highest)."""
     case = tl.program_id(0).to(tl.int64)
     score = tl.load(score_ptr + case * TILE + tl.arange(0, TILE))
-    tl.store(out_ptr + case, _bisected_threshold(score, tl.load(need_ptr + case)))
+    need = tl.load(need_ptr + case)
+    valid = score != 0
+    lowest = tl.where(tl.sum(valid.to(tl.int32), axis=0) >= need, tl.min(tl.where(valid, score, 0xFFFF), axis=0), 0)
+    tl.store(out_ptr + 2 * case, _bisected_threshold(score, need, 0, 0xFFFF))
+    tl.store(out_ptr + 2 * case + 1, _bisected_threshold(score, need, lowest, tl.max(score, axis=0)))
 
 
 @triton.jit

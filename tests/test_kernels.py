@@ -193,9 +193,9 @@ def _sampled_groups(n: int, width: int) -> torch.Tensor:
 @needs_triton
 def test_pack_every_path_matches_reference(monkeypatch, device):
     """Rows of several blocks, each built to settle one way, the way it
-    settles read back from the scratch: from one tile of candidates, from
-    two, exactly on a probed tie (the ties straddling blocks), every valid
-    token (fewer than n), and the radix steps (the sampled groups hold low
+    settles read back from the scratch: from the candidates, exactly on a
+    probed tie (the ties straddling blocks), every valid token (fewer than
+    n), and the radix steps (the sampled groups hold low
     scores, the rest of the row high ones: the floor lets almost every
     token through). Planes past 2^16, fp32 scores. The filter reads bf16
     rows of an even width as pairs of tokens (odd row ends included), others
@@ -221,7 +221,7 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     planes_attack = torch.randn(1, wide_width, generator=gen)
     planes_attack[0, _sampled_groups(64, wide_width)] = -5.0
     listed, exact, radix = pack.LISTED.value, pack.EXACT.value, pack.RADIX.value
-    cases = [("one tile", normal, n, listed), ("ties", ties, n, exact), ("fewer than n", few, n, listed),
+    cases = [("listed", normal, n, listed), ("ties", ties, n, exact), ("fewer than n", few, n, listed),
              ("radix", attack, n, radix), ("planes", planes, n, listed), ("planes radix", planes_attack, 64, radix),
              ("fp32", normal, n, listed), ("odd width", normal[:, 1:], n, listed)]
     for name, scores, k, mode in cases:
@@ -236,19 +236,6 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
         assert torch.equal(got.cpu(), want), name
         assert scratch[:, pack.MODE.value].tolist() == [mode] * logits.shape[0], name
         assert not arrivals.any(), name
-    # Two tiles: a tile of 128 for 240 candidates or so.
-    small = pack.Plan(n=n, tile=128, groups=pack.plan(n, width).groups, blocks_p2=pack.plan(n, width).blocks_p2)
-    monkeypatch.setattr(pack, "plan", lambda k, w: small)
-    logits = normal.bfloat16()
-    ends = torch.full((2,), width, dtype=torch.int32)
-    want = reference.pack(logits, ends, n, width)
-    got = torch.full_like(want, 123).to(device)
-    scratch, arrivals = pack.scratch_for(2, n, width, device)
-    pack.pack(got, logits.to(device), None, ends.to(device), local_topk=n, max_local_len=width,
-              scratch=(scratch, arrivals))
-    assert torch.equal(got.cpu(), want)
-    listed = scratch[:, pack.HEADER.value + 1: pack.HEADER.value + 4 * 4: 4].sum(dim=1)
-    assert ((listed > small.tile) & (scratch[:, pack.MODE.value] == pack.LISTED.value)).all(), listed
 
 
 @needs_triton
@@ -367,49 +354,14 @@ def test_filter_threshold_keeps_a_threshold_set(whole, device):
 
 
 @needs_triton
-def test_tile_threshold_near_the_top_and_far_from_it(device):
-    """The finish's threshold (one histogram of the level below the tile's
-    top level and a count; when the boundary is 254 or more steps down, one
-    of groups of levels and a radix over the score bits under the group)
-    against its definition: the need-th largest valid score and how many of
-    its ties are taken, (0, 0) when fewer."""
-    from kernel_probes import tile_threshold_kernel
-
-    gen = torch.Generator().manual_seed(9)
-    tile, cases = 1024, []
-    for need in (1, 37, 384, 1024, 1025):
-        cases.append((torch.randint(0x7F, 0xFF81, (tile,), generator=gen), need))  # spread: the byte walk
-        cases.append((0xC000 + torch.randint(0, 90, (tile,), generator=gen), need))  # clustered: one histogram
-        outlier = 0xC000 + torch.randint(0, 90, (tile,), generator=gen)
-        outlier[:3] = 0xFF80  # +inf far above a cluster
-        cases.append((outlier, need))
-        cases.append((torch.full((tile,), 0xBF80), need))  # all equal
-        zeros = torch.full((tile,), 0x8000)  # ReLU-style: a tie far below a few positives of many binades
-        zeros[::9] = 0x8000 + torch.randint(0x0400, 0x4000, (len(zeros[::9]),), generator=gen)
-        cases.append((zeros, need))
-    scores = torch.stack([c[0] for c in cases]).to(torch.int32)
-    valid = (torch.rand(scores.shape, generator=gen) < 0.9).to(torch.int32)
-    valid[3::4] = 1
-    needs = torch.tensor([c[1] for c in cases], dtype=torch.int32)
-    out = torch.empty((len(cases), 2), dtype=torch.int32, device=device)
-    tile_threshold_kernel[(len(cases),)](out, scores.to(device), valid.to(device), needs.to(device), TILE=tile)
-    for case, (score, ok, need) in enumerate(zip(scores, valid.bool(), needs.tolist())):
-        kept = score[ok].sort(descending=True).values
-        if kept.numel() < need:
-            want = [0, 0]
-        else:
-            threshold = int(kept[need - 1])
-            want = [threshold, need - int((kept > threshold).sum())]
-        assert out[case].tolist() == want, (case, need)
-
-
-@needs_triton
 def test_bisected_threshold_is_the_need_th_largest_score(device):
-    """The short rows' threshold (a count a bit, the first fifteen on two
-    levels an int32) against its definition: scores spread from the least
-    valid ord16 to +inf (both present), half of them masked, all-equal and
-    two-level rows on both sides of an odd/even step, and needs past the
-    valid count (0)."""
+    """The threshold of the short rows and of the finish's candidates (a
+    count a bit, the first fifteen on two levels an int32; the finish's
+    bounded by the candidates' lowest and highest scores) against its
+    definition: scores spread from the least valid ord16 to +inf (both
+    present), half of them masked, all-equal and two-level rows on both
+    sides of an odd/even step, a narrow cluster, and needs past the valid
+    count (0)."""
     from kernel_probes import bisected_threshold_kernel
 
     from nvshmem_topk.kernels.keys import MIN_VALID
@@ -428,13 +380,15 @@ def test_bisected_threshold_is_the_need_th_largest_score(device):
         two[::3] = 0x8001  # ReLU-style zeros and the next score up
         cases.append((two, need))
         cases.append((0xC000 + torch.randint(0, 4, (tile,), generator=gen), need))
+        cases.append((0xBFF8 + torch.randint(0, 16, (tile,), generator=gen), need))  # across a carry of bits
     scores = torch.stack([c[0] for c in cases]).to(torch.int32)
     needs = torch.tensor([c[1] for c in cases], dtype=torch.int32)
-    out = torch.empty(len(cases), dtype=torch.int32, device=device)
+    out = torch.empty((len(cases), 2), dtype=torch.int32, device=device)
     bisected_threshold_kernel[(len(cases),)](out, scores.to(device), needs.to(device), TILE=tile)
     for case, (score, need) in enumerate(zip(scores, needs.tolist())):
         kept = score[score != 0].sort(descending=True).values
-        assert out[case].item() == (int(kept[need - 1]) if kept.numel() >= need else 0), (case, need)
+        want = int(kept[need - 1]) if kept.numel() >= need else 0
+        assert out[case].tolist() == [want, want], (case, need)
 
 
 @needs_triton
@@ -485,11 +439,11 @@ def test_kth_largest_near_the_top_and_far_from_it(device):
         assert out[case].tolist() == [want, min(k, present.numel())], (case, k)
 
 
-def test_plan_sizes_the_tile_and_the_scratch():
-    """The local selection's plan: a power-of-two tile between 256 and
-    MAX_TILE that holds the expected candidates (n r_lo / r, r the sample
-    rank where the n-th score is expected) with four standard deviations to
-    spare; a narrower row never needs more scratch than the widest (the
+def test_plan_sizes_the_room_and_the_scratch():
+    """The local selection's plan: a power-of-two room between 512 and
+    MAX_ROOM that holds twice the expected candidates (n r_lo / r, r the
+    sample rank where the n-th score is expected) with four standard
+    deviations to spare; a narrower row never needs more scratch than the widest (the
     workspace sizes it once, for max_local_len), and a workspace whose
     calls are all short keeps one word a row (the row kernel reads none)."""
     from nvshmem_topk.kernels import pack
@@ -498,13 +452,13 @@ def test_plan_sizes_the_tile_and_the_scratch():
         widest = pack.plan(n, 1 << 20)
         for width in (100, 4096, 16384, 65536, 131072, 1 << 20):
             p = pack.plan(n, width)
-            assert p.tile & (p.tile - 1) == 0 and 256 <= p.tile <= pack.MAX_TILE, (n, width, p)
+            assert p.room & (p.room - 1) == 0 and 512 <= p.room <= pack.MAX_ROOM, (n, width, p)
             assert p.groups & (p.groups - 1) == 0 and p.groups <= pack.MAX_GROUPS, (n, width, p)
             rank = max(1.0, min(pack.SAMPLE_RANK.value, n * 8 * p.groups / width))
-            assert min(pack.expected_candidates(n, rank), pack.MAX_TILE) <= p.tile, (n, width, p)
+            assert min(2 * pack.expected_candidates(n, rank), pack.MAX_ROOM) <= p.room, (n, width, p)
             assert p.scratch_words <= widest.scratch_words, (n, width)
-    assert pack.plan(384, 16384).tile == 1024
-    assert pack.plan(384, 131072).tile == 2048
+    assert pack.plan(384, 16384).room == 2048
+    assert pack.plan(384, 131072).room == 4096
     assert pack.scratch_words(384, pack.SHORT_ROWS) == 1
     assert pack.scratch_words(384, pack.SHORT_ROWS + 1) == pack.plan(384, pack.SHORT_ROWS + 1).scratch_words
 
