@@ -336,7 +336,7 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     below_most = (counts >> 32).to(tl.int32)
     if (low_bucket >= 0) & (tl.maximum(at_most, below_most) > r_lo + 16):
         probe = tl.where(at_most >= below_most, most, most - 1)
-        floor = probe + 1
+        floor = (probe + 2) & ~1  # even: the pairs compare levels
     return probe, floor
 
 
@@ -425,11 +425,11 @@ def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl
 
 
 @triton.jit
-def _pair_words(bits, local):
-    """Candidate words of tokens whose bf16 bits sit in the high half of
-    ``bits`` (the low half zero), at ids ``local``: the high half, sign-folded
-    into ord16, over the inverted id (``keys.packed_word``)."""
-    return (bits ^ ((bits >> 31) & 0x7FFF0000) ^ -0x80000000) | (0xFFFF - (local & 0xFFFF))
+def _pair_orders(pair):
+    """ord16 of both tokens of int32 pairs of bf16 bits (the even token in
+    the low half), in place: each half xor 0xFFFF when negative, else xor
+    0x8000 (NaN patterns land above +inf or below -inf)."""
+    return pair ^ (((pair >> 15) & 0x10001) * 0x7FFF) ^ -0x7FFF8000  # -0x7FFF8000: 0x80008000
 
 
 HALF = tl.constexpr(BLOCK.value // 2)  # tokens a filter program filters at once (its registers scale with it)
@@ -467,26 +467,35 @@ def _block_pairs(row_ptr, block, window):
 
 
 @triton.jit
-def _filter_half(region, pair, w, kept, score_floor, probe, REGION: tl.constexpr):
+def _filter_half(region, pair, w, kept, level_floor, probe, REGION: tl.constexpr):
     """One half block of ``_filter_pairs``: its candidates' words from slot
     ``kept`` of the region; returns (kept, first counts, second counts)
-    with the half's added."""
-    even = (pair << 16).to(tl.float32, bitcast=True)
-    odd = (pair & -0x10000).to(tl.float32, bitcast=True)
-    take_even = (even >= score_floor).to(tl.int32)
-    take_odd = (odd >= score_floor).to(tl.int32)
-    taken = take_even + take_odd
-    valid = (even == even).to(tl.int32) + (odd == odd).to(tl.int32)
+    with the half's added. Both tokens of a word at once: its two ord16
+    (``_pair_orders``); a half is NaN iff its magnitude bits pass 0x7F80
+    (adding 0x7F sets the half's top bit, and never carries out of it); a
+    candidate iff its level (ord16 >> 1) reaches the floor's, in the same
+    way (``level_floor``: (0x8000 - (floor >> 1)) in each half)."""
+    order = _pair_orders(pair)
+    nan = (pair & 0x7FFF7FFF) + 0x007F007F
+    take = (((order >> 1) & 0x7FFF7FFF) + level_floor) & ~nan & -0x7FFF8000  # bits 15, 31: even, odd taken
+    take_even = (take >> 15) & 1
+    taken = take_even + ((take >> 31) & 1)
+    valid = 2 - ((nan >> 15) & 1) - ((nan >> 31) & 1)
     first = tl.sum(tl.sum(valid | (taken << 16), axis=1), axis=0)  # two counts a sum (each < 2^16)
     pos = kept + _line_positions(taken)
-    tl.store(region + pos, _pair_words(pair << 16, 2 * w), mask=(take_even != 0) & (pos < REGION))
-    pos += take_even
-    tl.store(region + pos, _pair_words(pair & -0x10000, 2 * w + 1), mask=(take_odd != 0) & (pos < REGION))
+    keep_even = take_even != 0
+    keep_odd = take < 0
+    if REGION < BLOCK:  # a block with more candidates than its region keeps its first
+        keep_even = keep_even & (pos < REGION)
+        keep_odd = keep_odd & (pos + take_even < REGION)
+    id_even = 0xFFFF - ((2 * w) & 0xFFFF)
+    tl.store(region + pos, (order << 16) | id_even, mask=keep_even)
+    tl.store(region + pos + take_even, (order & -0x10000) | (id_even - 1), mask=keep_odd)
     second = tl.zeros((), dtype=tl.int32)
     if probe != 0:
-        # ord16 of each token (the word's high half; NaN: 0, never counted)
-        score_even = tl.where(even == even, (_pair_words(pair << 16, 0) >> 16) & 0xFFFF, 0)
-        score_odd = tl.where(odd == odd, (_pair_words(pair & -0x10000, 0) >> 16) & 0xFFFF, 0)
+        # each token's ord16; NaN: 0, never counted
+        score_even = tl.where((nan & 0x8000) == 0, order & 0xFFFF, 0)
+        score_odd = tl.where((nan & -0x80000000) == 0, (order >> 16) & 0xFFFF, 0)
         reach = (score_even >= probe).to(tl.int32) + (score_odd >= probe).to(tl.int32)
         above = (score_even > probe).to(tl.int32) + (score_odd > probe).to(tl.int32)
         second = tl.sum(tl.sum(reach | (above << 16), axis=1), axis=0)
@@ -496,15 +505,17 @@ def _filter_half(region, pair, w, kept, score_floor, probe, REGION: tl.constexpr
 @triton.jit
 def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr):
     """``_filter_block`` over a block of bf16 read as int32 pairs of tokens
-    (``_half_pairs``): each half of a word widens to fp32 with one
-    instruction, and the scans run over pairs, half a block at a time (each
-    half loaded before either is filtered)."""
+    (``_half_pairs``), both tokens of a word at once (``_filter_half``), the
+    scans over pairs, half a block at a time (each half loaded before either
+    is filtered). The floor is compared on levels: the candidates are the
+    valid tokens of ord16 >= floor rounded down to even (the estimate's
+    floors are even but for MIN_VALID, and every valid token reaches that)."""
     first_pair, first_w, second_pair, second_w = pairs
-    score_floor = _score_floor(tl.load(scratch + FLOOR))
+    level_floor = (0x8000 - (tl.load(scratch + FLOOR) >> 1)) * 0x10001
     probe = tl.load(scratch + PROBE)
     region = scratch + REGIONS_AT + block * REGION
-    kept, first, second = _filter_half(region, first_pair, first_w, 0, score_floor, probe, REGION)
-    kept, first_2, second_2 = _filter_half(region, second_pair, second_w, kept, score_floor, probe, REGION)
+    kept, first, second = _filter_half(region, first_pair, first_w, 0, level_floor, probe, REGION)
+    kept, first_2, second_2 = _filter_half(region, second_pair, second_w, kept, level_floor, probe, REGION)
     first += first_2
     second += second_2
     counts = scratch + HEADER + block * COUNT_FIELDS

@@ -5,7 +5,8 @@ import triton
 import triton.language as tl
 
 from nvshmem_topk.kernels.keys import TIE_TILE, kth_largest, radix_boundary
-from nvshmem_topk.kernels.pack import _bisected_threshold, _block_tokens, _filter_block, _load_tokens, _score_floor
+from nvshmem_topk.kernels.pack import (_bisected_threshold, _block_pairs, _block_tokens, _filter_block, _filter_pairs,
+                                       _load_tokens, _score_floor)
 
 
 @triton.jit
@@ -35,14 +36,20 @@ def candidate_kernel(out_ptr, x_ptr, floor_ptr, WIDTH: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
-def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.constexpr, REGIONS_AT: tl.constexpr):
-    """The filter's work on block program_id(0) of the one row x_ptr[0:width],
-    with the floor and probe the caller put in the scratch row of case
-    program_id(1): the counts land at the block's place in that row."""
+def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.constexpr, REGIONS_AT: tl.constexpr,
+                        PAIRS: tl.constexpr):
+    """The filter's work on block program_id(0) of the one row x_ptr[0:width]
+    (PAIRS: read as int32 pairs of bf16, ``_filter_pairs``; else token by
+    token, ``_filter_block``), with the floor and probe the caller put in the
+    scratch row of case program_id(1): the counts and the candidates' words
+    land at the block's place in that row."""
     block = tl.program_id(0)
     scratch = scratch_ptr + tl.program_id(1).to(tl.int64) * scratch_stride
-    x, local = _block_tokens(x_ptr, 0, 0, block, (0, width))
-    _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
+    if PAIRS:
+        _filter_pairs(scratch, _block_pairs(x_ptr, block, (0, width)), block, REGION, REGIONS_AT)
+    else:
+        x, local = _block_tokens(x_ptr, 0, 0, block, (0, width))
+        _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
 
 
 @triton.jit

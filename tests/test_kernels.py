@@ -260,12 +260,16 @@ def test_short_rows_of_a_wide_workspace_fill_every_word(device):
 
 
 @needs_triton
-def test_filter_counts_are_exact_on_every_bf16(device):
+@pytest.mark.parametrize("pairs", [False, True], ids=["tokens", "pairs"])
+def test_filter_counts_and_words_are_exact_on_every_bf16(pairs, device):
     """The filter's four counts of a block (valid tokens, candidates, >= and
     > the probe, the last two on the sign-folded integer of the bits, not as
-    floats) over every bf16 bit pattern, for probes at the edges (both
-    zeros, the infinities, the lowest valid score) and none: equal to those
-    of ord16 (-0 below +0, NaN never counted)."""
+    floats) and its candidates' words, in order, over every bf16 bit pattern,
+    for probes at the edges (both zeros, the infinities, the lowest valid
+    score) and none, and floors even, odd and at the edges: equal to those
+    of ord16 (-0 below +0, NaN never counted). Token by token the floor is
+    compared as a float (-0 >= +0 passes); two tokens a word, on levels (the
+    floor rounded down to even)."""
     from kernel_probes import filter_block_kernel
 
     from nvshmem_topk import format as fmt
@@ -276,20 +280,29 @@ def test_filter_counts_are_exact_on_every_bf16(device):
     order = fmt.ord16(bits)
     valid = ~fmt.is_nan_bits(bits)
     probes = [0, 0x7F, 0x80, 0x7FFF, 0x8000, 0x8001, 0xBF80, 0xFF80]
-    floor = 0xBF80  # 1.0: the candidates are a threshold set from it
+    floors = [0xBF80, 0xBF81, 0x7F, 0x8000, 0xC001, 0x4000, 0x8002, 0xFF80]
     plan = pack.plan(64, 1 << 16)
     scratch = torch.zeros((len(probes), plan.scratch_words), dtype=torch.int32)
-    scratch[:, pack.FLOOR.value] = floor
+    scratch[:, pack.FLOOR.value] = torch.tensor(floors)
     scratch[:, pack.PROBE.value] = torch.tensor(probes)
     scratch = scratch.to(device)
     blocks = (1 << 16) // pack.BLOCK.value
     filter_block_kernel[(blocks, len(probes))](scratch, x.to(device), 1 << 16, scratch.stride(0), REGION=plan.region,
-                                               REGIONS_AT=plan.regions_at)
-    counts = scratch.cpu()[:, pack.HEADER.value: pack.HEADER.value + 4 * blocks].view(len(probes), blocks, 4).sum(1)
-    for probe, got in zip(probes, counts.tolist()):
+                                               REGIONS_AT=plan.regions_at, PAIRS=pairs)
+    scratch = scratch.cpu()
+    counts = scratch[:, pack.HEADER.value: pack.HEADER.value + 4 * blocks].view(len(probes), blocks, 4)
+    words = fmt.make_words(order, bits).to(torch.int32)  # the stored two's complement
+    for case, (probe, floor) in enumerate(zip(probes, floors)):
+        lowest = floor & ~1 if pairs else {0x8000: 0x7FFF}.get(floor, floor)
+        candidate = valid & (order >= lowest)
         reach = int((valid & (order >= probe)).sum()) if probe else 0
         above = int((valid & (order > probe)).sum()) if probe else 0
-        assert got == [int(valid.sum()), int((valid & (order >= floor)).sum()), reach, above], hex(probe)
+        assert counts[case].sum(0).tolist() == [int(valid.sum()), int(candidate.sum()), reach, above], hex(probe)
+        for block in range(blocks):
+            mine = candidate[block * pack.BLOCK.value:(block + 1) * pack.BLOCK.value]
+            want = words[block * pack.BLOCK.value:(block + 1) * pack.BLOCK.value][mine][:plan.region]
+            at = plan.regions_at + block * plan.region
+            assert torch.equal(scratch[case, at: at + len(want)], want), (hex(floor), block)
 
 
 @needs_triton
