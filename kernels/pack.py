@@ -28,7 +28,8 @@ spread over its blocks of BLOCK tokens, so no program walks a row:
      span's program selects from them in registers, a count a bit.
    - exact: the probe is the threshold (fewer than n above it, n at or
      above it), or every valid token is taken. Each block with tokens to
-     keep writes them at its place in the row, from the earlier counts.
+     keep writes them at its place in the row, from the earlier counts:
+     copied from its region when they are its candidates, else re-read.
    - radix: neither (the sample misled). Each span histograms the high byte
      of its scores.
 4. radix_low (radix rows only): each span histograms the low byte of its
@@ -614,29 +615,57 @@ def _write_block(out_row, logits_ptr, row, logits_stride, block, window, thresho
 
 @triton.jit
 def _write_span(out_row, logits_ptr, row, logits_stride, span, blocks, window, threshold, quota, offset, ties_before,
-                kept, equal, KNOWN: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                SPAN: tl.constexpr):
+                N: tl.constexpr, PLANES: tl.constexpr, SPAN: tl.constexpr):
     """The span's blocks' kept tokens, in order, from slot ``offset``; the
     row's first ``quota`` threshold ties are kept, ``ties_before`` of them
-    lie before the span. With KNOWN, ``kept`` and ``equal`` hold each
-    block's count of kept tokens and of ties ([BLOCKS_P2], from the filter),
-    and blocks with none to keep read nothing."""
-    b = tl.arange(0, BLOCKS_P2)
+    lie before the span; each block's counts come from its own read."""
     for j in range(SPAN):
         block = span * SPAN + j
         if block < blocks:
-            if KNOWN:
-                mine = b == block
-                if tl.sum(tl.where(mine, kept, 0), axis=0) > 0:
+            written, ties = _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold,
+                                         tl.maximum(quota - ties_before, 0), offset, N, PLANES)
+            offset += written
+            ties_before += ties
+
+
+@triton.jit
+def _copy_region(out_row, region, block, count, offset, N: tl.constexpr, PLANES: tl.constexpr,
+                 REGION: tl.constexpr):
+    """A block's first ``count`` candidate words, read from its region (in
+    order), into slots ``offset`` on of a packed row."""
+    for start in tl.static_range(0, REGION, 1024):
+        i = start + tl.arange(0, 1024)
+        word = tl.load(region + i, mask=i < count, other=0)
+        local = ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF))  # a block never straddles 2^16
+        _store_words(out_row, offset + i, (word >> 16) & 0xFFFF, local, i < count, N, PLANES)
+
+
+@triton.jit
+def _write_counted_span(out_row, regions, logits_ptr, row, logits_stride, span, blocks, window, threshold, quota,
+                        counts, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                        REGION: tl.constexpr, SPAN: tl.constexpr):
+    """``_write_span`` where the filter's counts place every block: ``counts``
+    = (kept, equal, copied), each block's kept tokens, threshold ties and
+    whether its kept tokens are just its candidates, all in its region
+    ([BLOCKS_P2] each). Blocks with none to keep read nothing; a copied
+    block's words come from its region, not from its logits."""
+    kept, equal, copied = counts
+    b = tl.arange(0, BLOCKS_P2)
+    offset = tl.sum(tl.where(b < span * SPAN, kept, 0), axis=0)
+    ties_before = tl.sum(tl.where(b < span * SPAN, equal, 0), axis=0)
+    for j in range(SPAN):
+        block = span * SPAN + j
+        if block < blocks:
+            mine = b == block
+            count = tl.sum(tl.where(mine, kept, 0), axis=0)
+            if count > 0:
+                if tl.sum(tl.where(mine, copied, 0), axis=0) != 0:
+                    _copy_region(out_row, regions + block * REGION, block, count, offset, N, PLANES, REGION)
+                else:
                     _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold,
                                  tl.maximum(quota - ties_before, 0), offset, N, PLANES)
-                offset += tl.sum(tl.where(mine, kept, 0), axis=0)
-                ties_before += tl.sum(tl.where(mine, equal, 0), axis=0)
-            else:
-                written, ties = _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold,
-                                             tl.maximum(quota - ties_before, 0), offset, N, PLANES)
-                offset += written
-                ties_before += ties
+            offset += count
+            ties_before += tl.sum(tl.where(mine, equal, 0), axis=0)
 
 
 @triton.jit
@@ -731,12 +760,14 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
             b = tl.arange(0, BLOCKS_P2)
             take = tl.minimum(tl.maximum(quota - (tl.cumsum(equal, axis=0) - equal), 0), equal)
             kept = greater + take
-            before = b < span * SPAN
+            # Candidates and the tokens above the threshold are both threshold
+            # sets of ord16: as many of each, they are the same tokens.
+            copied = ((take == 0) & (listed == greater) & (listed <= REGION)).to(tl.int32)
             mine = (b >= span * SPAN) & (b < span * SPAN + SPAN)
             if tl.sum(tl.where(mine, kept, 0), axis=0) > 0:  # spans with nothing to keep read nothing
-                _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span, blocks, window, threshold, quota,
-                            tl.sum(tl.where(before, kept, 0), axis=0), tl.sum(tl.where(before, equal, 0), axis=0),
-                            kept, equal, True, N, PLANES, BLOCKS_P2, SPAN)
+                _write_counted_span(out_ptr + offset, scratch + REGIONS_AT, logits_ptr, row, logits_stride, span,
+                                    blocks, window, threshold, quota, (kept, equal, copied), N, PLANES, BLOCKS_P2,
+                                    REGION, SPAN)
             _publish_when_last(out_ptr, offset, row, spans, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
         else:
             _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, window, 0, 0,
@@ -825,7 +856,7 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.con
             _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span,
                         tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
                         _row_window(row_starts_ptr, row_ends_ptr, row, width_limit), high * 256 + low, quota, start,
-                        ties_before, digit, digit, False, N, PLANES, 256, SPAN)
+                        ties_before, N, PLANES, SPAN)
             _publish_when_last(out_ptr, offset, row, spans, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
 
 

@@ -194,8 +194,9 @@ def _sampled_groups(n: int, width: int) -> torch.Tensor:
 def test_pack_every_path_matches_reference(monkeypatch, device):
     """Rows of several blocks, each built to settle one way, the way it
     settles read back from the scratch: from the candidates, exactly on a
-    probed tie (the ties straddling blocks), every valid token (fewer than
-    n), and the radix steps (the sampled groups hold low
+    probed tie (the ties straddling blocks; a block past the last kept tie
+    copies its candidates), every valid token (fewer than n), and the radix
+    steps (the sampled groups hold low
     scores, the rest of the row high ones: the floor lets almost every
     token through). Planes past 2^16, fp32 scores. The filter reads bf16
     rows of an even width as pairs of tokens (odd row ends included), others
