@@ -5,8 +5,8 @@ import triton
 import triton.language as tl
 
 from nvshmem_topk.kernels.keys import TIE_TILE, kth_largest, radix_boundary
-from nvshmem_topk.kernels.pack import (_bisected_threshold, _block_pairs, _block_tokens, _filter_block, _filter_pairs,
-                                       _load_tokens, _score_floor)
+from nvshmem_topk.kernels.rows import bisected_threshold, load_tokens
+from nvshmem_topk.kernels.spread import _block_pairs, _block_tokens, _filter_block, _filter_pairs, _score_floor
 
 
 @triton.jit
@@ -30,7 +30,7 @@ def candidate_kernel(out_ptr, x_ptr, floor_ptr, WIDTH: tl.constexpr, BLOCK: tl.c
     floor = _score_floor(tl.load(floor_ptr + case))
     for start in tl.range(0, WIDTH, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x = _load_tokens(x_ptr + offs, offs < WIDTH, WHOLE)
+        x = load_tokens(x_ptr + offs, offs < WIDTH, WHOLE)
         wide = (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
         tl.store(out_ptr + case * WIDTH + offs, (wide >= floor).to(tl.int8), mask=offs < WIDTH)
 
@@ -54,7 +54,7 @@ def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.co
 
 @triton.jit
 def bisected_threshold_kernel(out_ptr, score_ptr, need_ptr, TILE: tl.constexpr):
-    """Per program: ``_bisected_threshold`` of score_ptr[case] (ord16 as
+    """Per program: ``bisected_threshold`` of score_ptr[case] (ord16 as
     int32, 0 for invalid tokens) for need_ptr[case], unbounded at
     out_ptr[2 * case] and, at out_ptr[2 * case + 1], bounded as the finish
     bounds its candidates (their lowest score when they hold need, and
@@ -64,8 +64,8 @@ def bisected_threshold_kernel(out_ptr, score_ptr, need_ptr, TILE: tl.constexpr):
     need = tl.load(need_ptr + case)
     valid = score != 0
     lowest = tl.where(tl.sum(valid.to(tl.int32), axis=0) >= need, tl.min(tl.where(valid, score, 0xFFFF), axis=0), 0)
-    tl.store(out_ptr + 2 * case, _bisected_threshold(score, need, 0, 0xFFFF))
-    tl.store(out_ptr + 2 * case + 1, _bisected_threshold(score, need, lowest, tl.max(score, axis=0)))
+    tl.store(out_ptr + 2 * case, bisected_threshold(score, need, 0, 0xFFFF))
+    tl.store(out_ptr + 2 * case + 1, bisected_threshold(score, need, lowest, tl.max(score, axis=0)))
 
 
 @triton.jit

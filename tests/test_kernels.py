@@ -183,9 +183,9 @@ def test_large_k_with_saturation_matches_reference(world_size, width, topk, devi
 
 def _sampled_groups(n: int, width: int) -> torch.Tensor:
     """The token ids the estimate samples from a row of ``width`` tokens."""
-    from nvshmem_topk.kernels import pack
+    from nvshmem_topk.kernels import spread
 
-    groups = min(math.ceil(pack.SAMPLE_RANK.value * width / (8 * n)), width // 8, pack.plan(n, width).groups)
+    groups = min(math.ceil(spread.SAMPLE_RANK.value * width / (8 * n)), width // 8, spread.plan(n, width).groups)
     starts = (torch.arange(groups) * width) // groups // 8 * 8
     return (starts[:, None] + torch.arange(8)).flatten()
 
@@ -202,7 +202,7 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     rows of an even width as pairs of tokens (odd row ends included), others
     token by token (an odd width, fp32)."""
     from nvshmem_topk import reference
-    from nvshmem_topk.kernels import pack
+    from nvshmem_topk.kernels import pack, spread
 
     monkeypatch.setattr(pack, "SHORT_ROWS", 0)  # rows this short are one program's (``row_kernel``)
     gen = torch.Generator().manual_seed(6)
@@ -221,7 +221,7 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     planes[0, -2000:] += 3
     planes_attack = torch.randn(1, wide_width, generator=gen)
     planes_attack[0, _sampled_groups(64, wide_width)] = -5.0
-    listed, exact, radix = pack.LISTED.value, pack.EXACT.value, pack.RADIX.value
+    listed, exact, radix = spread.LISTED.value, spread.EXACT.value, spread.RADIX.value
     cases = [("listed", normal, n, listed), ("ties", ties, n, exact), ("fewer than n", few, n, listed),
              ("radix", attack, n, radix), ("planes", planes, n, listed), ("planes radix", planes_attack, 64, radix),
              ("fp32", normal, n, listed), ("odd width", normal[:, 1:], n, listed)]
@@ -235,7 +235,7 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
         pack.pack(got, logits.to(device), None, ends.to(device), local_topk=k, max_local_len=logits.shape[1],
                   scratch=(scratch, arrivals))
         assert torch.equal(got.cpu(), want), name
-        assert scratch[:, pack.MODE.value].tolist() == [mode] * logits.shape[0], name
+        assert scratch[:, spread.MODE.value].tolist() == [mode] * logits.shape[0], name
         assert not arrivals.any(), name
 
 
@@ -274,7 +274,7 @@ def test_filter_counts_and_words_are_exact_on_every_bf16(pairs, device):
     from kernel_probes import filter_block_kernel
 
     from nvshmem_topk import format as fmt
-    from nvshmem_topk.kernels import pack
+    from nvshmem_topk.kernels import spread
 
     bits = torch.arange(1 << 16, dtype=torch.int32)
     x = bits.to(torch.int16).view(torch.bfloat16)
@@ -282,16 +282,16 @@ def test_filter_counts_and_words_are_exact_on_every_bf16(pairs, device):
     valid = ~fmt.is_nan_bits(bits)
     probes = [0, 0x7F, 0x80, 0x7FFF, 0x8000, 0x8001, 0xBF80, 0xFF80]
     floors = [0xBF80, 0xBF81, 0x7F, 0x8000, 0xC001, 0x4000, 0x8002, 0xFF80]
-    plan = pack.plan(64, 1 << 16)
+    plan = spread.plan(64, 1 << 16)
     scratch = torch.zeros((len(probes), plan.scratch_words), dtype=torch.int32)
-    scratch[:, pack.FLOOR.value] = torch.tensor(floors)
-    scratch[:, pack.PROBE.value] = torch.tensor(probes)
+    scratch[:, spread.FLOOR.value] = torch.tensor(floors)
+    scratch[:, spread.PROBE.value] = torch.tensor(probes)
     scratch = scratch.to(device)
-    blocks = (1 << 16) // pack.BLOCK.value
+    blocks = (1 << 16) // spread.BLOCK.value
     filter_block_kernel[(blocks, len(probes))](scratch, x.to(device), 1 << 16, scratch.stride(0), REGION=plan.region,
                                                REGIONS_AT=plan.regions_at, PAIRS=pairs)
     scratch = scratch.cpu()
-    counts = scratch[:, pack.HEADER.value: pack.HEADER.value + 4 * blocks].view(len(probes), blocks, 4)
+    counts = scratch[:, spread.HEADER.value: spread.HEADER.value + 4 * blocks].view(len(probes), blocks, 4)
     words = fmt.make_words(order, bits).to(torch.int32)  # the stored two's complement
     for case, (probe, floor) in enumerate(zip(probes, floors)):
         lowest = floor & ~1 if pairs else {0x8000: 0x7FFF}.get(floor, floor)
@@ -300,8 +300,8 @@ def test_filter_counts_and_words_are_exact_on_every_bf16(pairs, device):
         above = int((valid & (order > probe)).sum()) if probe else 0
         assert counts[case].sum(0).tolist() == [int(valid.sum()), int(candidate.sum()), reach, above], hex(probe)
         for block in range(blocks):
-            mine = candidate[block * pack.BLOCK.value:(block + 1) * pack.BLOCK.value]
-            want = words[block * pack.BLOCK.value:(block + 1) * pack.BLOCK.value][mine][:plan.region]
+            mine = candidate[block * spread.BLOCK.value:(block + 1) * spread.BLOCK.value]
+            want = words[block * spread.BLOCK.value:(block + 1) * spread.BLOCK.value][mine][:plan.region]
             at = plan.regions_at + block * plan.region
             assert torch.equal(scratch[case, at: at + len(want)], want), (hex(floor), block)
 
@@ -460,21 +460,21 @@ def test_plan_sizes_the_room_and_the_scratch():
     deviations to spare; a narrower row never needs more scratch than the widest (the
     workspace sizes it once, for max_local_len), and a workspace whose
     calls are all short keeps one word a row (the row kernel reads none)."""
-    from nvshmem_topk.kernels import pack
+    from nvshmem_topk.kernels import pack, spread
 
     for n in (32, 192, 384, 768, 1536, 2048, 4096):
-        widest = pack.plan(n, 1 << 20)
+        widest = spread.plan(n, 1 << 20)
         for width in (100, 4096, 16384, 65536, 131072, 1 << 20):
-            p = pack.plan(n, width)
-            assert p.room & (p.room - 1) == 0 and 512 <= p.room <= pack.MAX_ROOM, (n, width, p)
-            assert p.groups & (p.groups - 1) == 0 and p.groups <= pack.MAX_GROUPS, (n, width, p)
-            rank = max(1.0, min(pack.SAMPLE_RANK.value, n * 8 * p.groups / width))
-            assert min(2 * pack.expected_candidates(n, rank), pack.MAX_ROOM) <= p.room, (n, width, p)
+            p = spread.plan(n, width)
+            assert p.room & (p.room - 1) == 0 and 512 <= p.room <= spread.MAX_ROOM, (n, width, p)
+            assert p.groups & (p.groups - 1) == 0 and p.groups <= spread.MAX_GROUPS, (n, width, p)
+            rank = max(1.0, min(spread.SAMPLE_RANK.value, n * 8 * p.groups / width))
+            assert min(2 * spread.expected_candidates(n, rank), spread.MAX_ROOM) <= p.room, (n, width, p)
             assert p.scratch_words <= widest.scratch_words, (n, width)
-    assert pack.plan(384, 16384).room == 2048
-    assert pack.plan(384, 131072).room == 4096
+    assert spread.plan(384, 16384).room == 2048
+    assert spread.plan(384, 131072).room == 4096
     assert pack.scratch_words(384, pack.SHORT_ROWS) == 1
-    assert pack.scratch_words(384, pack.SHORT_ROWS + 1) == pack.plan(384, pack.SHORT_ROWS + 1).scratch_words
+    assert pack.scratch_words(384, pack.SHORT_ROWS + 1) == spread.plan(384, pack.SHORT_ROWS + 1).scratch_words
 
 
 @needs_triton

@@ -1,0 +1,175 @@
+"""What the kernels of the local top-n share: a row's scores, window and
+output slot, the counts that find a threshold whatever the scores, the
+ordered compaction that keeps the tokens above it and its first ties, and
+the push of a finished row to every peer. The kernels are ``pack``'s
+(a program per short row) and ``spread``'s (wider rows); ``pack``
+dispatches between them."""
+
+import triton
+import triton.language as tl
+
+from .exchange import call_epoch, push_list, push_row
+from .keys import MAX_PEERS, SAT_MASK_SHIFT, is_nan_bits, ord16, packed_word, score16_bits
+
+
+# Kernels that take the call's row width never specialise on it (Triton
+# would on its divisibility), so that one variant serves every width.
+any_width = triton.jit(do_not_specialize=["width_limit"])
+
+
+# ------------------------------------------------------------------ scores
+
+
+@triton.jit
+def token_ord16(x):
+    """ord16 of the scores ``x`` (bf16 or fp16, or fp32 rounded to bf16), 0
+    for NaN: below every valid score."""
+    bits = score16_bits(x)
+    return tl.where(is_nan_bits(bits), 0, ord16(bits))
+
+
+@triton.jit
+def load_tokens(ptrs, inside, WHOLE: tl.constexpr):
+    """The scores at ``ptrs``, NaN where not ``inside`` (all are when WHOLE,
+    so that the load is unmasked and vectorised)."""
+    if WHOLE:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=inside, other=float("nan"))
+    return x
+
+
+@triton.jit
+def row_window(row_starts_ptr, row_ends_ptr, row, width_limit):
+    """(start, end): row ``row``'s valid tokens [start, end) (row starts and
+    ends int32 or int64; no starts, None: 0), clamped to [0, width_limit],
+    as int32."""
+    end = tl.minimum(tl.maximum(tl.load(row_ends_ptr + row), 0), width_limit).to(tl.int32)
+    if row_starts_ptr is None:  # compile-time: rows given no starts read none
+        start = tl.zeros((), dtype=tl.int32)
+    else:
+        start = tl.minimum(tl.maximum(tl.load(row_starts_ptr + row), 0), end).to(tl.int32)
+    return start, end
+
+
+@triton.jit
+def row_target(row, sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr):
+    """(active, offset): whether this rank selects ``row`` and the word
+    offset of its output row. Round 1: every row, row by row. A pushed list
+    (LIST): rows where this rank is saturated, in its slot of the receive
+    buffer, popcount(mask & ((1 << rank) - 1))."""
+    if LIST:
+        mask = tl.load(sat_ptr + row) >> SAT_MASK_SHIFT
+        slot = tl.zeros((), dtype=tl.int64)
+        for q in tl.static_range(MAX_PEERS):
+            slot += tl.where(q < rank, (mask >> q) & 1, 0)
+        return ((mask >> rank) & 1) != 0, (row * SLOTS + slot) * WORDS
+    else:
+        return True, row * WORDS
+
+
+# ----------------------------------------------- thresholds and compaction
+
+
+@triton.jit
+def line_positions(flags):
+    """Exclusive prefix count, in token order, of [lines, 8] counts (a
+    line: 8 adjacent tokens): a thread's 8 tokens are summed in place, one
+    scan runs over the lines."""
+    per_line = tl.sum(flags, axis=1)
+    return (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flags, axis=1) - flags
+
+
+@triton.jit
+def bisected_threshold(score, need, lowest, highest):
+    """The largest ord16 t with at least ``need`` of the ``score``s (any
+    shape, 0 for invalid tokens) >= t; 0 when fewer are valid. One count a bit,
+    from the top: a histogram pass (tl.histogram takes a warp ballot per bit
+    of the bin, and more to combine them) costs several times as much. Every
+    valid score lies in [``lowest``, ``highest``], and when ``lowest`` > 0 at
+    least ``need`` are valid, so a bit whose answer the bounds give is not
+    counted. The first fifteen compare levels (the score without its last
+    bit: even candidates) two to an int32, a 16-bit field each: level +
+    0x8000 - c sets the field's top bit iff level >= c, and never carries out
+    of it; the last compares whole scores."""
+    level = tl.reshape(score >> 1, (score.numel // 2, 2), can_reorder=True)  # counts need no order
+    even, odd = tl.split(level)
+    pairs = even | (odd << 16)
+    score = tl.reshape(score, (score.numel,), can_reorder=True)
+    threshold = tl.zeros((), dtype=tl.int32)
+    for bit in tl.static_range(15, -1, -1):
+        candidate = threshold | (1 << bit)
+        if candidate <= lowest:
+            threshold = candidate
+        elif candidate <= highest:
+            if bit > 0:
+                reached = ((pairs + (0x8000 - (candidate >> 1)) * 0x10001) >> 15) & 0x10001  # bit 31 lands on 16
+                fields = tl.sum(reached, axis=0)  # each field at most ROW / 2
+                reached = (fields & 0xFFFF) + (fields >> 16)
+            else:
+                reached = tl.sum((score >= candidate).to(tl.int32), axis=0)
+            if reached >= need:
+                threshold = candidate
+    return threshold
+
+
+@triton.jit
+def above_and_ties(score, threshold):
+    """Per token (ord16 ``score``, 0 if invalid), two counts in one int32:
+    1 if above ``threshold``, 1 << 16 if tied with it (none for threshold 0:
+    every valid token is above it)."""
+    return (score > threshold).to(tl.int32) | (((score == threshold) & (threshold != 0)).to(tl.int32) << 16)
+
+
+@triton.jit
+def kept_slots(counts, before, totals, N: tl.constexpr):
+    """(slot, keep, kept): where each token goes in the packed row and
+    whether it is kept, and how many are, from ``above_and_ties`` per token
+    (at most 2^15 - 1 tokens), their exclusive scan in token order and
+    their totals. Every token above the threshold is kept, and its ties,
+    lowest id first, up to N in all."""
+    ties_before = before >> 16
+    ties_taken = tl.minimum(N - (totals & 0xFFFF), totals >> 16)
+    keep = ((counts & 0xFFFF) != 0) | ((counts > 0xFFFF) & (ties_before < ties_taken))
+    return (before & 0xFFFF) + tl.minimum(ties_before, ties_taken), keep, (totals & 0xFFFF) + ties_taken
+
+
+@triton.jit
+def store_words(out_row, pos, score, local, keep, N: tl.constexpr, PLANES: tl.constexpr):
+    """The kept tokens' words into slots ``pos`` of a zeroed packed row, and
+    their id bits above 16 into the planes (tokens written by different
+    threads, or programs, may share a plane word)."""
+    tl.store(out_row + pos, packed_word(score, local), mask=keep)
+    for p in tl.static_range(PLANES):
+        bit = (local >> (16 + p)) & 1
+        tl.atomic_or(out_row + N + p * (N // 32) + pos // 32, bit << (pos % 32), mask=keep & (bit != 0),
+                     sem="relaxed")
+
+
+@triton.jit
+def zero_row_from(out_row, first, WORDS: tl.constexpr, CHUNK: tl.constexpr):
+    """Zeros into words [first, WORDS) of a packed row."""
+    for start in tl.range(0, WORDS, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        tl.store(out_row + offs, tl.zeros((CHUNK,), dtype=tl.int32), mask=(offs >= first) & (offs < WORDS))
+
+
+# -------------------------------------------------------------- publishing
+
+
+@triton.jit
+def publish_row(out_ptr, offset, row, peers, rank, WORDS: tl.constexpr, WORLD: tl.constexpr, LIST: tl.constexpr,
+             LIBRARY_PEERS: tl.constexpr):
+    """A finished row to every peer, then its flag raised there (WORLD > 0):
+    round 1's into the gather buffers, a pushed list into the receive
+    slots. Without peers (the pack alone) nothing. ``peers``: as the
+    kernels take them."""
+    if WORLD > 0:
+        _, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows = peers
+        tl.debug_barrier()  # the whole row, plane bits included, is written before any thread reads it
+        epoch = call_epoch(epochs_ptr, row)
+        if LIST:
+            push_list(out_ptr + offset, offset, row, rank, epoch, peer_ptrs, flag_ptrs, pes_ptr, max_rows, WORDS, WORLD,
+                      LIBRARY_PEERS, 1024)
+        else:
+            push_row(out_ptr + offset, row, epoch, peer_ptrs, flag_ptrs, max_rows, rank, WORDS, WORLD, 1024)

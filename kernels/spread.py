@@ -1,0 +1,755 @@
+"""The local top-n of calls wider than ``pack.SHORT_ROWS``: five kernels,
+in which only the estimate is a program per row, and it reads a sample;
+every step that reads the row is spread over its blocks of BLOCK tokens,
+so no program walks a row:
+
+1. estimate (a program per row): the row's n-th score is expected at rank r
+   of a sample of groups of 8 adjacent tokens spread over the row. The
+   ``floor`` is the sample's score at rank r_lo, four standard deviations of
+   r further down, the ``probe`` its score at rank r; when many sampled
+   tokens tie on the floor's score, that score is the probe and the floor
+   moves above it. A row of at most ROOM tokens needs no estimate: every
+   valid token is a candidate. Zeroes the output row.
+2. filter (a program per block): each block counts its valid tokens, those
+   >= floor (the candidates), >= probe and > probe, and writes its
+   candidates' words, in order, to its region of the scratch.
+3. finish (a program per span of up to MAX_SPAN blocks) settles each row from the
+   counts summed over its blocks, the same way in every program:
+   - listed: n <= candidates <= ROOM, or every valid token is one. The first
+     span's program selects from them in registers, a count a bit.
+   - exact: the probe is the threshold (fewer than n above it, n at or
+     above it), or every valid token is taken. Each block with tokens to
+     keep writes them at its place in the row, from the earlier counts:
+     copied from its region when they are its candidates, else re-read.
+   - radix: neither (the sample misled). Each span histograms the high byte
+     of its scores.
+4. radix_low (radix rows only): each span histograms the low byte of its
+   scores in the high byte's boundary bucket.
+5. radix_write (radix rows only): the threshold is exact; each span writes
+   its kept tokens.
+A row that several spans write is published (pushed to every peer, its flag
+raised) by the last span to finish it. Whatever the path, the output is
+``reference.pack``'s, bit for bit: the estimate decides how much work is
+done, never what is written."""
+
+
+import math
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+from .keys import MIN_VALID, NEAR_BINS, is_nan_bits, near_bin, ord16, packed_word, radix_boundary, score16_bits
+from .launch import Launch
+from .rows import (any_width, bisected_threshold, above_and_ties, kept_slots, line_positions, load_tokens,
+                   publish_row, row_target, row_window, store_words, token_ord16, zero_row_from)
+from .sync import after_prior_kernel, last_to_arrive
+
+BLOCK = tl.constexpr(4096)  # tokens a filter program reads; a power of two up to 2^16 (words carry 16 id bits)
+FILTER_WARPS = 4
+SPANS = 8  # finish and radix programs per row, about: each covers a span of 1 to MAX_SPAN blocks
+MAX_SPAN = 4
+SPAN_WARPS = 8
+ESTIMATE_WARPS = 8
+MAX_GROUPS = 512  # the estimate samples at most 8 * MAX_GROUPS tokens
+SAMPLE_RANK = tl.constexpr(256)  # the sample is sized to hold about this many of the row's top-n
+MAX_ROOM = 8192  # candidates the finish holds in registers (16 a thread at its widest)
+SIGMAS = tl.constexpr(4)  # the estimate's margin, in standard deviations of the sample's count
+
+
+
+# Scratch of a row (int32): the estimate's floor and probe and the row's
+# settling, then per block its four counts, per span its two histograms
+# (radix rows), and per block its region (candidate words).
+FLOOR, PROBE, MODE, HEADER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(4)
+COUNT_FIELDS = tl.constexpr(4)  # valid tokens, candidates, >= probe, > probe
+LISTED, EXACT, RADIX = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # how a row is settled
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The compile-time shape of one pipeline: n selected from rows of up to
+    ``max_local_len`` tokens. ``room``: the most candidates a row is
+    selected from (held in registers at once); ``groups``: most groups of 8
+    the estimate samples; ``blocks_p2``: blocks of the longest row, rounded
+    up to a power of two (spans too)."""
+
+    n: int
+    room: int
+    groups: int
+    blocks_p2: int
+
+    @property
+    def span(self) -> int:
+        """Blocks a finish or radix program covers: about SPANS programs a
+        row, so that an exact row's writes are spread even when it is short."""
+        return min(MAX_SPAN, max(1, self.blocks_p2 // SPANS))
+
+    @property
+    def region(self) -> int:
+        return min(BLOCK.value, self.room)
+
+    @property
+    def histograms_at(self) -> int:
+        """Where a row's per-span histogram pairs (2 x 256 words) start."""
+        return HEADER.value + self.blocks_p2 * COUNT_FIELDS.value
+
+    @property
+    def regions_at(self) -> int:
+        """Where a row's per-block candidate regions (``region`` words) start."""
+        return self.histograms_at + self.blocks_p2 * 512
+
+    @property
+    def scratch_words(self) -> int:
+        return self.regions_at + self.blocks_p2 * self.region
+
+
+def _margin(rank: float) -> float:
+    """The sample rank of the floor: SIGMAS standard deviations (the variance
+    doubled, for tokens that come in correlated groups) below ``rank``, as
+    the estimate computes it."""
+    return rank + SIGMAS.value * math.sqrt(2 * rank) + SIGMAS.value
+
+
+def expected_candidates(n: int, rank: float) -> float:
+    """A row's candidates, SIGMAS standard deviations above their expected
+    count n r_lo / r (the sample's r_lo-th score standing for the n-th)."""
+    floor_rank = _margin(rank)
+    return n * (floor_rank + SIGMAS.value * math.sqrt(floor_rank)) / rank
+
+
+def plan(n: int, max_local_len: int) -> Plan:
+    """Enough groups that about SAMPLE_RANK sampled tokens fall in the
+    longest row's top-n (at most MAX_GROUPS), and room for twice its
+    candidates with four standard deviations to spare: a row's count of them
+    is about n r_lo / r, the sample's r_lo-th score standing for the n-th."""
+    groups = min(MAX_GROUPS, max(64, triton.next_power_of_2(math.ceil(SAMPLE_RANK.value * max_local_len / (8 * n)))))
+    rank = max(1.0, min(SAMPLE_RANK.value, n * 8 * groups / max_local_len))
+    room = min(max(512, 2 * triton.next_power_of_2(math.ceil(expected_candidates(n, rank)))), MAX_ROOM)
+    blocks_p2 = triton.next_power_of_2(triton.cdiv(max_local_len, BLOCK.value))
+    return Plan(n=n, room=room, groups=groups, blocks_p2=blocks_p2)
+
+
+# ------------------------------------------------------------------ blocks
+
+
+@triton.jit
+def _block_tokens(logits_ptr, row, logits_stride, block, window):
+    """(scores, local ids) of a block, as [BLOCK / 8, 8], NaN outside the
+    row's valid tokens ``window`` = (start, end): a thread loads 8 adjacent
+    tokens at once (16 bytes of bf16), unmasked when the block is wholly
+    inside."""
+    start, end = window
+    local = block * BLOCK + tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    ptrs = logits_ptr + row * logits_stride + local
+    if (block * BLOCK >= start) & ((block + 1) * BLOCK <= end):
+        x = load_tokens(ptrs, local < end, True)
+    else:
+        x = load_tokens(ptrs, (local >= start) & (local < end), False)
+    return x, local
+
+
+@triton.jit
+def _span_target(sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr):
+    """(span, row, spans, active, offset) of a program of a [spans, rows]
+    grid (``row_target`` gives the last two)."""
+    row = tl.program_id(1).to(tl.int64)
+    active, offset = row_target(row, sat_ptr, rank, WORDS, SLOTS, LIST)
+    return tl.program_id(0), row, tl.num_programs(0), active, offset
+
+
+@triton.jit
+def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
+    """256-bin histogram of the high byte of the counted scores (or, with
+    SELECT_LOW, of the low byte of those whose high byte is ``high_byte``)."""
+    if SELECT_LOW:
+        counted = counted & ((score >> 8) == high_byte)
+        digit = score & 0xFF
+    else:
+        digit = score >> 8
+    return tl.histogram(digit, 256, mask=counted)
+
+
+# ---------------------------------------------------------------- estimate
+
+
+@triton.jit
+def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr):
+    """(probe, floor) of a row's valid tokens [start, end), from groups of 8
+    adjacent tokens spread evenly over them (from ``start`` rounded down to
+    8, so that every group is 16-byte aligned; tokens before it count
+    nothing), enough that about SAMPLE_RANK sampled tokens are
+    expected in its top N (at most GROUPS). The row's N-th score is expected
+    at rank r of the sample; the floor is the lowest score of the bin that
+    holds rank r_lo = r + 4 sqrt(2 r) + 4 (four standard deviations, the
+    variance doubled for tokens that come in correlated groups). The sample
+    is ranked by one histogram of each score's level below the top level,
+    levels of 2 scores; of 32, then 512, only when rank r_lo falls past
+    NEAR_BINS - 1 levels (heavy tails, a few outliers, a tie far below a few
+    scores). When the floor's bin's highest score, or the one just below it,
+    holds more sampled tokens than r_lo + 16 (ties: few levels, zeros,
+    masked tails), it is the probe and the floor moves above it; otherwise
+    the probe is the r-th score where more than 8 sampled tokens share its
+    level, else none."""
+    base = start // 8 * 8
+    length = end - base
+    groups = tl.minimum((SAMPLE_RANK * length + 8 * N - 1) // (8 * N), tl.minimum(length // 8, GROUPS))
+    g = tl.arange(0, GROUPS)
+    # Groups past ``groups`` re-read the last one (every 16-byte load stays
+    # inside the row, unmasked) and count nothing.
+    first = base + (tl.minimum(g, groups - 1).to(tl.int64) * length) // groups // 8 * 8
+    local = first[:, None] + tl.arange(0, 8)[None, :]
+    score = token_ord16(tl.load(in_row + local))
+    score = tl.reshape(tl.where((g < groups)[:, None] & (local >= start), score, 0), (GROUPS * 8,),
+                       can_reorder=True)
+    valid = score != 0
+    r = tl.maximum((N * 8 * groups + length - 1) // length, 1).to(tl.int32)
+    r_lo = r + tl.ceil(tl.sqrt(2.0 * r.to(tl.float32)) * SIGMAS).to(tl.int32) + SIGMAS
+    top = tl.max(tl.where(valid, score >> 1, 0), axis=0)
+    hist = tl.histogram(near_bin(top, score >> 1), NEAR_BINS, mask=valid)
+    bucket, above, in_level = radix_boundary(hist, r)
+    low_bucket, _, _ = radix_boundary(hist, r_lo)  # the same histogram ranks both: not near_boundary
+    shift = tl.full((), 1, tl.int32)
+    low_top = top
+    for coarser in tl.static_range(2):
+        if low_bucket == 0:
+            shift += 4
+            low_top = top >> (shift - 1)  # the top level's group: shifts keep the maximum
+            low_bucket, _, _ = radix_boundary(tl.histogram(near_bin(low_top, score >> shift), NEAR_BINS, mask=valid),
+                                              r_lo)
+    floor_level = low_top - (NEAR_BINS - 1) + low_bucket
+    most = tl.max(tl.where(valid & ((score >> shift) == floor_level), score, 0), axis=0)
+    upper = (top - (NEAR_BINS - 1) + bucket) * 2 + 1
+    counts = tl.sum((valid & (score == upper)).to(tl.int64) | ((valid & (score == most)).to(tl.int64) << 16)
+                    | ((valid & (score == most - 1)).to(tl.int64) << 32), axis=0)
+    probe = tl.where(r - above <= (counts & 0xFFFF).to(tl.int32), upper, upper - 1)
+    probe = tl.where((bucket > 0) & (in_level > 8), probe, 0)
+    floor = tl.where(low_bucket >= 0, floor_level << shift, 0)
+    at_most = ((counts >> 16) & 0xFFFF).to(tl.int32)
+    below_most = (counts >> 32).to(tl.int32)
+    if (low_bucket >= 0) & (tl.maximum(at_most, below_most) > r_lo + 16):
+        probe = tl.where(at_most >= below_most, most, most - 1)
+        floor = (probe + 2) & ~1  # even: the pairs compare levels
+    return probe, floor
+
+
+@any_width
+def estimate_kernel(out_ptr, scratch_ptr, rows, width_limit, N: tl.constexpr, WORDS: tl.constexpr, SLOTS: tl.constexpr,
+                    LIST: tl.constexpr, GROUPS: tl.constexpr, ROOM: tl.constexpr, PDL: tl.constexpr):
+    """The row's floor and probe into its scratch; its output row zeroed.
+    ``rows``: (logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr,
+    logits_stride, scratch_stride, rank; row_starts_ptr may be None) and
+    ``width_limit`` (the call's width, at most max_local_len), the same in
+    every kernel of the pipeline."""
+    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
+    after_prior_kernel(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    active, offset = row_target(row, sat_ptr, rank, WORDS, SLOTS, LIST)
+    if active:
+        zero_row_from(out_ptr + offset, 0, WORDS, 1024)
+        scratch = scratch_ptr + row * scratch_stride
+        start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
+        probe = tl.zeros((), dtype=tl.int32)
+        floor = tl.zeros((), dtype=tl.int32)
+        if end - start > ROOM:  # fewer: every valid token is a candidate
+            probe, floor = _sampled_estimate(logits_ptr + row * logits_stride, start, end, N, GROUPS)
+        tl.store(scratch + FLOOR, tl.maximum(floor, MIN_VALID))
+        tl.store(scratch + PROBE, probe)
+
+
+# ------------------------------------------------------------------ filter
+
+
+@triton.jit
+def _score_floor(floor):
+    """The float f with {non-NaN x : x >= f} = {x : ord16(x) >= floor}, up
+    to a monotone widening that keeps it a threshold set (-0 >= +0 is true,
+    and a NaN pattern widens to an infinity): all the candidates need."""
+    bits = tl.where(floor >= 0x8000, floor & 0x7FFF, ~floor & 0xFFFF)
+    f = (bits << 16).to(tl.float32, bitcast=True)
+    return tl.where(is_nan_bits(bits), tl.where(floor >= 0x8000, float("inf"), float("-inf")), f)
+
+
+@triton.jit
+def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr):
+    """The block's counts, and its first REGION candidates' words in order.
+    bf16 is compared as a float with the floor (a few instructions a token:
+    candidates need only be a threshold set that holds the top-n), the
+    probe exactly as ord16 through the sign-folded integer of the bits, and
+    only when there is one."""
+    if x.dtype == tl.bfloat16:
+        # Widened on the bits (a bf16 is the high half of its fp32): exact for
+        # subnormals too, which the interpreter's bf16 conversion is not.
+        half = x.to(tl.int16, bitcast=True).to(tl.int32)
+        wide = (half << 16).to(tl.float32, bitcast=True)
+        valid = wide == wide
+        candidate = wide >= _score_floor(tl.load(scratch + FLOOR))
+    else:
+        bits = score16_bits(x)
+        half = tl.where(bits >= 0x8000, bits - 0x10000, bits)  # as int16, sign extended
+        valid = ~is_nan_bits(bits)
+        candidate = valid & (ord16(bits) >= tl.load(scratch + FLOOR))
+    folded = half ^ ((half >> 15) & 0x7FFF)  # ord16 - 0x8000 for valid scores
+    flag = candidate.to(tl.int32)
+    pos = line_positions(flag)
+    tl.store(scratch + REGIONS_AT + block * REGION + pos,
+             packed_word(folded + 0x8000, local), mask=candidate & (pos < REGION))
+    first = tl.sum(tl.sum(valid.to(tl.int32) | (flag << 16), axis=1), axis=0)  # two counts a sum (each < 2^16)
+    counts = scratch + HEADER + block * COUNT_FIELDS
+    tl.store(counts, first & 0xFFFF)
+    tl.store(counts + 1, first >> 16)
+    probe = tl.load(scratch + PROBE)
+    second = tl.zeros((), dtype=tl.int32)
+    if probe != 0:
+        reach = valid & (folded >= probe - 0x8000)
+        above = valid & (folded > probe - 0x8000)
+        second = tl.sum(tl.sum(reach.to(tl.int32) | (above.to(tl.int32) << 16), axis=1), axis=0)
+    tl.store(counts + 2, second & 0xFFFF)
+    tl.store(counts + 3, second >> 16)
+
+
+@triton.jit
+def _pair_orders(pair):
+    """ord16 of both tokens of int32 pairs of bf16 bits (the even token in
+    the low half), in place: each half xor 0xFFFF when negative, else xor
+    0x8000 (NaN patterns land above +inf or below -inf)."""
+    return pair ^ (((pair >> 15) & 0x10001) * 0x7FFF) ^ -0x7FFF8000  # -0x7FFF8000: 0x80008000
+
+
+HALF = tl.constexpr(BLOCK.value // 2)  # tokens a filter program filters at once (its registers scale with it)
+
+
+@triton.jit
+def _half_pairs(row_ptr, block, half, start, end):
+    """(int32 pairs of tokens, their word ids) of half a block of a bf16
+    row, as [HALF / 8, 4]: a thread loads 4 words (8 adjacent tokens) at
+    once; NaN outside the valid tokens [start, end). A row that ends inside
+    a pair has its last token read alone, so that nothing past it is read
+    (a pair that starts before ``start`` is read whole: it lies inside the
+    row). Needs an even row stride and a 4-byte aligned base."""
+    w = block * (BLOCK // 2) + half * (HALF // 2) + tl.arange(0, HALF // 8)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    ptrs = row_ptr.to(tl.pointer_type(tl.int32)) + w
+    if (block * BLOCK >= start) & ((block + 1) * BLOCK <= end):
+        pair = tl.load(ptrs)
+    else:
+        pair = tl.load(ptrs, mask=(2 * w + 1 < end) & (2 * w + 1 >= start), other=0x7FC07FC0)
+        lone = tl.load(row_ptr + 2 * w, mask=(2 * w + 1 == end) & (2 * w >= start),
+                       other=float("nan")).to(tl.int16, bitcast=True).to(tl.int32)
+        pair = tl.where(2 * w + 1 == end, (lone & 0xFFFF) | 0x7FC00000, pair)
+        pair = tl.where(2 * w < start, (pair & -0x10000) | 0x7FC0, pair)  # the low half, the even token: before start
+    return pair, w
+
+
+@triton.jit
+def _block_pairs(row_ptr, block, window):
+    """Both halves of a block (``_half_pairs``), loaded at once; ``window``:
+    the row's valid tokens (start, end)."""
+    start, end = window
+    pair_0, w_0 = _half_pairs(row_ptr, block, 0, start, end)
+    pair_1, w_1 = _half_pairs(row_ptr, block, 1, start, end)
+    return pair_0, w_0, pair_1, w_1
+
+
+@triton.jit
+def _filter_half(region, pair, w, kept, level_floor, probe, REGION: tl.constexpr):
+    """One half block of ``_filter_pairs``: its candidates' words from slot
+    ``kept`` of the region; returns (kept, first counts, second counts)
+    with the half's added. Both tokens of a word at once: its two ord16
+    (``_pair_orders``); a half is NaN iff its magnitude bits pass 0x7F80
+    (adding 0x7F sets the half's top bit, and never carries out of it); a
+    candidate iff its level (ord16 >> 1) reaches the floor's, in the same
+    way (``level_floor``: (0x8000 - (floor >> 1)) in each half)."""
+    order = _pair_orders(pair)
+    nan = (pair & 0x7FFF7FFF) + 0x007F007F
+    take = (((order >> 1) & 0x7FFF7FFF) + level_floor) & ~nan & -0x7FFF8000  # bits 15, 31: even, odd taken
+    take_even = (take >> 15) & 1
+    taken = take_even + ((take >> 31) & 1)
+    valid = 2 - ((nan >> 15) & 1) - ((nan >> 31) & 1)
+    first = tl.sum(tl.sum(valid | (taken << 16), axis=1), axis=0)  # two counts a sum (each < 2^16)
+    pos = kept + line_positions(taken)
+    keep_even = take_even != 0
+    keep_odd = take < 0
+    if REGION < BLOCK:  # a block with more candidates than its region keeps its first
+        keep_even = keep_even & (pos < REGION)
+        keep_odd = keep_odd & (pos + take_even < REGION)
+    id_even = 0xFFFF - ((2 * w) & 0xFFFF)
+    tl.store(region + pos, (order << 16) | id_even, mask=keep_even)
+    tl.store(region + pos + take_even, (order & -0x10000) | (id_even - 1), mask=keep_odd)
+    second = tl.zeros((), dtype=tl.int32)
+    if probe != 0:
+        # each token's ord16; NaN: 0, never counted
+        score_even = tl.where((nan & 0x8000) == 0, order & 0xFFFF, 0)
+        score_odd = tl.where((nan & -0x80000000) == 0, (order >> 16) & 0xFFFF, 0)
+        reach = (score_even >= probe).to(tl.int32) + (score_odd >= probe).to(tl.int32)
+        above = (score_even > probe).to(tl.int32) + (score_odd > probe).to(tl.int32)
+        second = tl.sum(tl.sum(reach | (above << 16), axis=1), axis=0)
+    return kept + (first >> 16), first, second
+
+
+@triton.jit
+def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr):
+    """``_filter_block`` over a block of bf16 read as int32 pairs of tokens
+    (``_half_pairs``), both tokens of a word at once (``_filter_half``), the
+    scans over pairs, half a block at a time (each half loaded before either
+    is filtered). The floor is compared on levels: the candidates are the
+    valid tokens of ord16 >= floor rounded down to even (the estimate's
+    floors are even but for MIN_VALID, and every valid token reaches that)."""
+    first_pair, first_w, second_pair, second_w = pairs
+    level_floor = (0x8000 - (tl.load(scratch + FLOOR) >> 1)) * 0x10001
+    probe = tl.load(scratch + PROBE)
+    region = scratch + REGIONS_AT + block * REGION
+    kept, first, second = _filter_half(region, first_pair, first_w, 0, level_floor, probe, REGION)
+    kept, first_2, second_2 = _filter_half(region, second_pair, second_w, kept, level_floor, probe, REGION)
+    first += first_2
+    second += second_2
+    counts = scratch + HEADER + block * COUNT_FIELDS
+    tl.store(counts, first & 0xFFFF)
+    tl.store(counts + 1, first >> 16)
+    tl.store(counts + 2, second & 0xFFFF)
+    tl.store(counts + 3, second >> 16)
+
+
+@any_width
+def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr,
+                  PAIRS: tl.constexpr, PDL: tl.constexpr):
+    """One read of the block: its counts and its candidates' words, in
+    order, to its region (the first REGION of them: a block with more has
+    more candidates than any row that is settled from them). PAIRS: bf16
+    rows read two tokens a word (``_filter_pairs``)."""
+    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
+    block = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    scratch = scratch_ptr + row * scratch_stride
+    window = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
+    if LIST:  # only the saturated rows, known once the select has run
+        after_prior_kernel(PDL)
+        if row_target(row, sat_ptr, rank, 1, 1, LIST)[0]:
+            if PAIRS:
+                _filter_pairs(scratch, _block_pairs(logits_ptr + row * logits_stride, block, window), block, REGION,
+                              REGIONS_AT)
+            else:
+                x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
+                _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
+    elif PAIRS:
+        # The logits and row ends were written before the estimate, which
+        # waited for them before this kernel could launch: the block is read
+        # while the estimate still runs, and only its floor waits for it.
+        pairs = _block_pairs(logits_ptr + row * logits_stride, block, window)
+        after_prior_kernel(PDL)
+        _filter_pairs(scratch, pairs, block, REGION, REGIONS_AT)
+    else:
+        x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
+        after_prior_kernel(PDL)
+        _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
+
+
+# ------------------------------------------------------------------ settle
+
+
+@triton.jit
+def _settle(scratch, blocks, N: tl.constexpr, ROOM: tl.constexpr, BLOCKS_P2: tl.constexpr):
+    """How the row is settled (LISTED, EXACT, RADIX), from the blocks'
+    counts; the candidates of each block; and, for an EXACT row, the
+    threshold, how many of its ties are taken, and each block's tokens above
+    it and tied with it."""
+    b = tl.arange(0, BLOCKS_P2)
+    inside = b < blocks
+    counts = scratch + HEADER + b * COUNT_FIELDS
+    valid = tl.load(counts, mask=inside, other=0)
+    listed = tl.load(counts + 1, mask=inside, other=0)
+    reach = tl.load(counts + 2, mask=inside, other=0)
+    above = tl.load(counts + 3, mask=inside, other=0)
+    all_valid = tl.sum(valid, axis=0)
+    all_listed = tl.sum(listed, axis=0)
+    all_above = tl.sum(above, axis=0)
+    on_list = (all_listed <= ROOM) & ((all_listed >= N) | (all_listed == all_valid))
+    tie = (all_above < N) & (tl.sum(reach, axis=0) >= N)
+    # The candidates when they hold the top n (no second read of the row),
+    # then the threshold known (a tie, or every valid token).
+    exact = tie | (all_valid <= N)
+    mode = tl.where(on_list, LISTED, tl.where(exact, EXACT, RADIX))
+    threshold = tl.where(tie, tl.load(scratch + PROBE), 0)  # 0: every valid token is taken
+    greater = tl.where(tie, above, valid)
+    equal = tl.where(tie, reach - above, 0)
+    return mode, listed, threshold, tl.where(tie, N - all_above, 0), greater, equal
+
+
+@triton.jit
+def _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold, take, offset,
+                 N: tl.constexpr, PLANES: tl.constexpr):
+    """The block's tokens above the threshold and its first ``take``
+    threshold ties, in order, into the packed row from slot ``offset``.
+    Returns (tokens written, threshold ties seen). ``window``: the row's
+    valid tokens (start, end)."""
+    x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
+    score = token_ord16(x)
+    valid = score != 0
+    tie = valid & (score == threshold)
+    ties = tl.sum(tl.sum(tie.to(tl.int32), axis=1), axis=0)
+    keep = valid & (score > threshold)
+    if take >= ties:
+        keep = keep | tie
+    elif take > 0:  # the block holds the row's last kept tie
+        keep = keep | (tie & (line_positions(tie.to(tl.int32)) < take))
+    keep_i = keep.to(tl.int32)
+    store_words(out_row, offset + line_positions(keep_i), score, local, keep, N, PLANES)
+    return tl.sum(tl.sum(keep_i, axis=1), axis=0), ties
+
+
+@triton.jit
+def _write_span(out_row, logits_ptr, row, logits_stride, span, blocks, window, threshold, quota, offset, ties_before,
+                N: tl.constexpr, PLANES: tl.constexpr, SPAN: tl.constexpr):
+    """The span's blocks' kept tokens, in order, from slot ``offset``; the
+    row's first ``quota`` threshold ties are kept, ``ties_before`` of them
+    lie before the span; each block's counts come from its own read."""
+    for j in range(SPAN):
+        block = span * SPAN + j
+        if block < blocks:
+            written, ties = _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold,
+                                         tl.maximum(quota - ties_before, 0), offset, N, PLANES)
+            offset += written
+            ties_before += ties
+
+
+@triton.jit
+def _copy_region(out_row, region, block, count, offset, N: tl.constexpr, PLANES: tl.constexpr,
+                 REGION: tl.constexpr):
+    """A block's first ``count`` candidate words, read from its region (in
+    order), into slots ``offset`` on of a packed row."""
+    for start in tl.static_range(0, REGION, 1024):
+        i = start + tl.arange(0, 1024)
+        word = tl.load(region + i, mask=i < count, other=0)
+        local = ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF))  # a block never straddles 2^16
+        store_words(out_row, offset + i, (word >> 16) & 0xFFFF, local, i < count, N, PLANES)
+
+
+@triton.jit
+def _write_counted_span(out_row, regions, logits_ptr, row, logits_stride, span, blocks, window, threshold, quota,
+                        counts, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                        REGION: tl.constexpr, SPAN: tl.constexpr):
+    """``_write_span`` where the filter's counts place every block: ``counts``
+    = (kept, equal, copied), each block's kept tokens, threshold ties and
+    whether its kept tokens are just its candidates, all in its region
+    ([BLOCKS_P2] each). Blocks with none to keep read nothing; a copied
+    block's words come from its region, not from its logits."""
+    kept, equal, copied = counts
+    b = tl.arange(0, BLOCKS_P2)
+    offset = tl.sum(tl.where(b < span * SPAN, kept, 0), axis=0)
+    ties_before = tl.sum(tl.where(b < span * SPAN, equal, 0), axis=0)
+    for j in range(SPAN):
+        block = span * SPAN + j
+        if block < blocks:
+            mine = b == block
+            count = tl.sum(tl.where(mine, kept, 0), axis=0)
+            if count > 0:
+                if tl.sum(tl.where(mine, copied, 0), axis=0) != 0:
+                    _copy_region(out_row, regions + block * REGION, block, count, offset, N, PLANES, REGION)
+                else:
+                    _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold,
+                                 tl.maximum(quota - ties_before, 0), offset, N, PLANES)
+            offset += count
+            ties_before += tl.sum(tl.where(mine, equal, 0), axis=0)
+
+
+@triton.jit
+def _candidates(regions, slot, total, counts, ends, BLOCKS_P2: tl.constexpr, REGION: tl.constexpr):
+    """(local id, ord16 score, valid) of candidates ``slot`` (in ascending
+    local id) of a row whose blocks wrote their candidates' words to their
+    regions: a binary search over the blocks' inclusive ends (``ends``, held
+    in registers with the ``counts``) finds the block of each slot, the first
+    whose end is past it. A word holds the id's low 16 bits; the block gives
+    the others (a block never straddles 2^16)."""
+    block = tl.zeros(slot.shape, dtype=tl.int32)
+    for k in tl.static_range(20):  # halving steps BLOCKS_P2 / 2, ..., 1 (compile-time)
+        if (BLOCKS_P2 >> (k + 1)) > 0:
+            probe = block + (BLOCKS_P2 >> (k + 1))
+            block = tl.where(tl.gather(ends, probe - 1, 0) <= slot, probe, block)
+    start = tl.gather(ends, block, 0) - tl.gather(counts, block, 0)
+    valid = slot < total
+    word = tl.load(regions + block.to(tl.int64) * REGION + slot - start, mask=valid, other=0)
+    local = ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF))
+    return local, (word >> 16) & 0xFFFF, valid
+
+
+@triton.jit
+def _select_listed(out_row, regions, listed, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                   REGION: tl.constexpr, ROOM: tl.constexpr):
+    """The packed top-N of a row's candidates (at most ROOM, in ascending
+    local id), held at once: their threshold by ``bisected_threshold``
+    between their lowest and highest scores, the same counts whatever the
+    scores, then one compaction."""
+    ends = tl.cumsum(listed, axis=0)
+    total = tl.sum(listed, axis=0)
+    local, score, valid = _candidates(regions, tl.arange(0, ROOM), total, listed, ends, BLOCKS_P2, REGION)
+    lowest = tl.where(total >= N, tl.min(tl.where(valid, score, 0xFFFF), axis=0), 0)  # fewer: every one is kept
+    counts = above_and_ties(score, bisected_threshold(score, N, lowest, tl.max(score, axis=0)))
+    slot, keep, _ = kept_slots(counts, tl.cumsum(counts, axis=0) - counts, tl.sum(counts, axis=0), N)
+    store_words(out_row, slot, score, local, keep, N, PLANES)
+
+
+@triton.jit
+def _publish_when_last(out_ptr, offset, row, spans, peers, rank, WORDS: tl.constexpr, WORLD: tl.constexpr,
+                       LIST: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
+    """``publish_row`` by the last of the row's ``spans`` programs to finish it."""
+    if WORLD > 0:
+        if last_to_arrive(peers[0] + row, spans):
+            publish_row(out_ptr, offset, row, peers, rank, WORDS, WORLD, LIST, LIBRARY_PEERS)
+
+
+@any_width
+def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
+                  SLOTS: tl.constexpr, LIST: tl.constexpr, REGION: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                  HISTOGRAMS_AT: tl.constexpr, REGIONS_AT: tl.constexpr, ROOM: tl.constexpr, SPAN: tl.constexpr,
+                  WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+    """Settles the row from the filter's counts: the first span selects from
+    the candidates, every block with tokens to keep writes them, or every
+    span histograms its high bytes for the radix steps. ``peers``:
+    (arrivals_ptr, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows),
+    where finished rows go (``Publish``)."""
+    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
+    after_prior_kernel(PDL)
+    words: tl.constexpr = N + PLANES * (N // 32)
+    span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
+    if active:
+        scratch = scratch_ptr + row * scratch_stride
+        window = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
+        blocks = tl.cdiv(tl.maximum(width_limit, 1), BLOCK)
+        mode, listed, threshold, quota, greater, equal = _settle(scratch, blocks, N, ROOM, BLOCKS_P2)
+        if span == 0:
+            tl.store(scratch + MODE, mode)
+        if mode == LISTED:
+            if span == 0:
+                _select_listed(out_ptr + offset, scratch + REGIONS_AT, listed, N, PLANES, BLOCKS_P2, REGION, ROOM)
+                publish_row(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
+        elif mode == EXACT:
+            b = tl.arange(0, BLOCKS_P2)
+            take = tl.minimum(tl.maximum(quota - (tl.cumsum(equal, axis=0) - equal), 0), equal)
+            kept = greater + take
+            # Candidates and the tokens above the threshold are both threshold
+            # sets of ord16: as many of each, they are the same tokens.
+            copied = ((take == 0) & (listed == greater) & (listed <= REGION)).to(tl.int32)
+            mine = (b >= span * SPAN) & (b < span * SPAN + SPAN)
+            if tl.sum(tl.where(mine, kept, 0), axis=0) > 0:  # spans with nothing to keep read nothing
+                _write_counted_span(out_ptr + offset, scratch + REGIONS_AT, logits_ptr, row, logits_stride, span,
+                                    blocks, window, threshold, quota, (kept, equal, copied), N, PLANES, BLOCKS_P2,
+                                    REGION, SPAN)
+            _publish_when_last(out_ptr, offset, row, spans, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
+        else:
+            _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, window, 0, 0,
+                            False, SPAN)
+
+
+# ------------------------------------------------------------------- radix
+
+
+@triton.jit
+def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, window, high, AT: tl.constexpr,
+                    SELECT_LOW: tl.constexpr, SPAN: tl.constexpr):
+    """The span's histogram of the high byte of its scores (or, with
+    SELECT_LOW, of the low byte of those whose high byte is ``high``), to
+    word AT of the span's pair of histograms."""
+    hist = tl.zeros((256,), dtype=tl.int32)
+    for j in range(SPAN):
+        block = span * SPAN + j
+        if block < blocks:
+            x, _ = _block_tokens(logits_ptr, row, logits_stride, block, window)
+            score = tl.reshape(token_ord16(x), (BLOCK,))
+            hist += _histogram(score, score != 0, high, SELECT_LOW)
+    tl.store(histograms + span * 512 + AT + tl.arange(0, 256), hist)
+
+
+@triton.jit
+def _summed(histograms, spans, AT: tl.constexpr):
+    """The spans' 256-bin histograms at word AT of each pair, summed."""
+    total = tl.zeros((256,), dtype=tl.int32)
+    s = 0
+    while s < spans:  # a while loop: the bound is a run-time scalar
+        total += tl.load(histograms + s * 512 + AT + tl.arange(0, 256))
+        s += 1
+    return total
+
+
+@any_width
+def radix_low_kernel(scratch_ptr, rows, width_limit, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
+                     SPAN: tl.constexpr, PDL: tl.constexpr):
+    """Radix rows: the boundary bucket of the high byte over the row, then
+    the span's histogram of the low byte inside it."""
+    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
+    after_prior_kernel(PDL)
+    span = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    if row_target(row, sat_ptr, rank, 1, 1, LIST)[0]:
+        scratch = scratch_ptr + row * scratch_stride
+        if tl.load(scratch + MODE) == RADIX:
+            histograms = scratch + HISTOGRAMS_AT
+            high, _, _ = radix_boundary(_summed(histograms, tl.num_programs(0), 0), N)
+            _span_histogram(histograms, logits_ptr, row, logits_stride, span,
+                            tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
+                            row_window(row_starts_ptr, row_ends_ptr, row, width_limit), high, 256, True, SPAN)
+
+
+@any_width
+def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
+                       SLOTS: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr,
+                       WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+    """Radix rows: the threshold from the two byte histograms, each span's
+    tokens above it and tied with it from its own, then its kept tokens."""
+    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
+    after_prior_kernel(PDL)
+    words: tl.constexpr = N + PLANES * (N // 32)
+    span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
+    if active:
+        scratch = scratch_ptr + row * scratch_stride
+        if tl.load(scratch + MODE) == RADIX:
+            histograms = scratch + HISTOGRAMS_AT
+            high, above_high, _ = radix_boundary(_summed(histograms, spans, 0), N)
+            low, above_low, _ = radix_boundary(_summed(histograms, spans, 256), N - above_high)
+            quota = N - above_high - above_low
+            digit = tl.arange(0, 256)
+            start = tl.zeros((), dtype=tl.int32)
+            ties_before = tl.zeros((), dtype=tl.int32)
+            s = 0
+            while s < span:
+                high_hist = tl.load(histograms + s * 512 + digit)
+                low_hist = tl.load(histograms + s * 512 + 256 + digit)
+                equal = tl.sum(tl.where(digit == low, low_hist, 0), axis=0)
+                start += (tl.sum(tl.where(digit > high, high_hist, 0), axis=0)
+                          + tl.sum(tl.where(digit > low, low_hist, 0), axis=0)
+                          + tl.minimum(tl.maximum(quota - ties_before, 0), equal))
+                ties_before += equal
+                s += 1
+            _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span,
+                        tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
+                        row_window(row_starts_ptr, row_ends_ptr, row, width_limit), high * 256 + low, quota, start,
+                        ties_before, N, PLANES, SPAN)
+            _publish_when_last(out_ptr, offset, row, spans, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
+
+
+# ---------------------------------------------------------------- launcher
+
+
+def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local_len: int, pairs: bool,
+             target: dict, peers: dict) -> list[Launch]:
+    """The five launches over ``rows_arg``'s rows (``pack.pipeline`` builds
+    the arguments), each compiled for rows of up to ``max_local_len``
+    tokens; ``pairs``: bf16 rows read two tokens a word."""
+    rows = rows_arg[0].shape[0]
+    words = out.shape[-1]
+    listing, pdl = target["LIST"], target["PDL"]
+    p = plan(n, max_local_len)
+    blocks = triton.cdiv(max(limit, 1), BLOCK.value)
+    spans = triton.cdiv(blocks, p.span)
+    return [
+        Launch(estimate_kernel, (rows,), (out, scratch, rows_arg, limit),
+               dict(N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing, GROUPS=p.groups, ROOM=p.room, PDL=pdl),
+               ESTIMATE_WARPS),
+        Launch(filter_kernel, (blocks, rows), (scratch, rows_arg, limit),
+               dict(REGION=p.region, REGIONS_AT=p.regions_at, LIST=listing, PAIRS=pairs, PDL=pdl), FILTER_WARPS),
+        Launch(finish_kernel, (spans, rows), (out, scratch, rows_arg, limit, peers_arg),
+               dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, HISTOGRAMS_AT=p.histograms_at,
+                    REGIONS_AT=p.regions_at, ROOM=p.room, SPAN=p.span, **peers), max(SPAN_WARPS, p.room // 512)),
+        Launch(radix_low_kernel, (spans, rows), (scratch, rows_arg, limit),
+               dict(N=n, LIST=listing, HISTOGRAMS_AT=p.histograms_at, SPAN=p.span, PDL=pdl), SPAN_WARPS),
+        Launch(radix_write_kernel, (spans, rows), (out, scratch, rows_arg, limit, peers_arg),
+               dict(target, HISTOGRAMS_AT=p.histograms_at, SPAN=p.span, **peers), SPAN_WARPS),
+    ]
