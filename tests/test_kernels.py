@@ -193,14 +193,14 @@ def _sampled_groups(n: int, width: int) -> torch.Tensor:
 @needs_triton
 def test_pack_every_path_matches_reference(monkeypatch, device):
     """Rows of several blocks, each built to settle one way, the way it
-    settles read back from the scratch: from the candidates, exactly on a
-    probed tie (the ties straddling blocks; a block past the last kept tie
-    copies its candidates), every valid token (fewer than n), and the radix
-    steps (the sampled groups hold low
-    scores, the rest of the row high ones: the floor lets almost every
-    token through). Planes past 2^16, fp32 scores. The filter reads bf16
-    rows of an even width as pairs of tokens (odd row ends included), others
-    token by token (an odd width, fp32)."""
+    settles read back from the scratch: from the candidates (also with a
+    room they nearly fill), exactly on a probed tie (the ties straddling
+    blocks; a block past the last kept tie copies its candidates), every
+    valid token (fewer than n), and the radix steps (the sampled groups
+    hold low scores, the rest of the row high ones: the floor lets almost
+    every token through). Planes past 2^16, fp32 scores. The filter reads
+    bf16 rows of an even width as pairs of tokens (odd row ends included),
+    others token by token (an odd width, fp32)."""
     from nvshmem_topk import reference
     from nvshmem_topk.kernels import pack, spread
 
@@ -237,6 +237,19 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
         assert torch.equal(got.cpu(), want), name
         assert scratch[:, spread.MODE.value].tolist() == [mode] * logits.shape[0], name
         assert not arrivals.any(), name
+    # A room of 256 for 240 candidates or so: the select holds nearly all of it.
+    full = spread.Plan(n=n, room=256, groups=spread.plan(n, width).groups, blocks_p2=spread.plan(n, width).blocks_p2)
+    monkeypatch.setattr(spread, "plan", lambda k, w: full)
+    logits = normal.bfloat16()
+    ends = torch.full((2,), width, dtype=torch.int32)
+    want = reference.pack(logits, ends, n, width)
+    got = torch.full_like(want, 123).to(device)
+    scratch, arrivals = pack.scratch_for(2, n, width, device)
+    pack.pack(got, logits.to(device), None, ends.to(device), local_topk=n, max_local_len=width,
+              scratch=(scratch, arrivals))
+    assert torch.equal(got.cpu(), want)
+    listed = scratch[:, spread.HEADER.value + 1: spread.HEADER.value + 4 * 4: 4].sum(dim=1)
+    assert ((listed > full.room // 2) & (scratch[:, spread.MODE.value] == spread.LISTED.value)).all(), listed
 
 
 @needs_triton
