@@ -159,7 +159,7 @@ def zero_row_from(out_row, first, WORDS: tl.constexpr, CHUNK: tl.constexpr):
 
 @triton.jit
 def publish_row(out_ptr, offset, row, peers, rank, WORDS: tl.constexpr, WORLD: tl.constexpr, LIST: tl.constexpr,
-             LIBRARY_PEERS: tl.constexpr):
+                LIBRARY_PEERS: tl.constexpr):
     """A finished row to every peer, then its flag raised there (WORLD > 0):
     round 1's into the gather buffers, a pushed list into the receive
     slots. Without peers (the pack alone) nothing. ``peers``: as the

@@ -512,15 +512,22 @@ def _write_span(out_row, logits_ptr, row, logits_stride, span, blocks, window, t
 
 
 @triton.jit
+def _region_token(word, block):
+    """(local id, ord16 score) of a candidate word (``keys.packed_word``)
+    from block ``block``'s region: the word holds the id's low 16 bits,
+    inverted; the block gives the others (a block never straddles 2^16)."""
+    return ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF)), (word >> 16) & 0xFFFF
+
+
+@triton.jit
 def _copy_region(out_row, region, block, count, offset, N: tl.constexpr, PLANES: tl.constexpr,
                  REGION: tl.constexpr):
     """A block's first ``count`` candidate words, read from its region (in
     order), into slots ``offset`` on of a packed row."""
     for start in tl.static_range(0, REGION, 1024):
         i = start + tl.arange(0, 1024)
-        word = tl.load(region + i, mask=i < count, other=0)
-        local = ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF))  # a block never straddles 2^16
-        store_words(out_row, offset + i, (word >> 16) & 0xFFFF, local, i < count, N, PLANES)
+        local, score = _region_token(tl.load(region + i, mask=i < count, other=0), block)
+        store_words(out_row, offset + i, score, local, i < count, N, PLANES)
 
 
 @triton.jit
@@ -557,8 +564,7 @@ def _candidates(regions, slot, total, counts, ends, BLOCKS_P2: tl.constexpr, REG
     local id) of a row whose blocks wrote their candidates' words to their
     regions: a binary search over the blocks' inclusive ends (``ends``, held
     in registers with the ``counts``) finds the block of each slot, the first
-    whose end is past it. A word holds the id's low 16 bits; the block gives
-    the others (a block never straddles 2^16)."""
+    whose end is past it."""
     block = tl.zeros(slot.shape, dtype=tl.int32)
     for k in tl.static_range(20):  # halving steps BLOCKS_P2 / 2, ..., 1 (compile-time)
         if (BLOCKS_P2 >> (k + 1)) > 0:
@@ -566,9 +572,9 @@ def _candidates(regions, slot, total, counts, ends, BLOCKS_P2: tl.constexpr, REG
             block = tl.where(tl.gather(ends, probe - 1, 0) <= slot, probe, block)
     start = tl.gather(ends, block, 0) - tl.gather(counts, block, 0)
     valid = slot < total
-    word = tl.load(regions + block.to(tl.int64) * REGION + slot - start, mask=valid, other=0)
-    local = ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF))
-    return local, (word >> 16) & 0xFFFF, valid
+    local, score = _region_token(tl.load(regions + block.to(tl.int64) * REGION + slot - start, mask=valid, other=0),
+                                 block)
+    return local, score, valid
 
 
 @triton.jit
