@@ -174,6 +174,23 @@ def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
 
 
 @triton.jit
+def _sample_boundaries(hist, r, r_lo):
+    """``radix_boundary(hist, r)`` and the bucket of ``radix_boundary(hist,
+    r_lo)``, from one scan and one reduction of a histogram of at most 2^13
+    sampled tokens (r <= r_lo): four fields of an int64, the buckets that
+    reach r and r_lo (at most 256 each, bits 0-8 and 9-17), the count above
+    the first (bits 18-31) and in its last bucket (bits 32-45)."""
+    at_or_above = tl.cumsum(hist, axis=0, reverse=True)
+    reaching = at_or_above >= r
+    last = reaching & (at_or_above - hist < r)
+    fields = tl.sum(reaching.to(tl.int64) | ((at_or_above >= r_lo).to(tl.int64) << 9)
+                    | (tl.where(reaching, 0, hist).to(tl.int64) << 18) | (tl.where(last, hist, 0).to(tl.int64) << 32),
+                    axis=0)
+    return ((fields & 0x1FF).to(tl.int32) - 1, ((fields >> 18) & 0x3FFF).to(tl.int32), (fields >> 32).to(tl.int32),
+            ((fields >> 9) & 0x1FF).to(tl.int32) - 1)
+
+
+@triton.jit
 def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr):
     """(probe, floor) of a row's valid tokens [start, end), from groups of 8
     adjacent tokens spread evenly over them (from ``start`` rounded down to
@@ -207,8 +224,7 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     r_lo = r + tl.ceil(tl.sqrt(2.0 * r.to(tl.float32)) * SIGMAS).to(tl.int32) + SIGMAS
     top = tl.max(tl.where(valid, score >> 1, 0), axis=0)
     hist = tl.histogram(near_bin(top, score >> 1), NEAR_BINS, mask=valid)
-    bucket, above, in_level = radix_boundary(hist, r)
-    low_bucket, _, _ = radix_boundary(hist, r_lo)  # the same histogram ranks both: not near_boundary
+    bucket, above, in_level, low_bucket = _sample_boundaries(hist, r, r_lo)
     shift = tl.full((), 1, tl.int32)
     low_top = top
     for coarser in tl.static_range(2):
@@ -268,6 +284,14 @@ def _score_floor(floor):
     bits = tl.where(floor >= 0x8000, floor & 0x7FFF, ~floor & 0xFFFF)
     f = (bits << 16).to(tl.float32, bitcast=True)
     return tl.where(is_nan_bits(bits), tl.where(floor >= 0x8000, float("inf"), float("-inf")), f)
+
+
+@triton.jit
+def _below_candidates(floor):
+    """An ord16 at most every candidate's, whichever filter listed them at
+    ``floor``: the pairs compare levels (the floor rounded down to even);
+    the float compare takes -0 at a floor of +0, and +inf at a NaN floor."""
+    return tl.maximum(tl.minimum(floor - 1, 0xFF80) & ~1, MIN_VALID)
 
 
 @triton.jit
@@ -578,16 +602,16 @@ def _candidates(regions, slot, total, counts, ends, BLOCKS_P2: tl.constexpr, REG
 
 
 @triton.jit
-def _select_listed(out_row, regions, listed, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                   REGION: tl.constexpr, ROOM: tl.constexpr):
+def _select_listed(out_row, regions, listed, floor, N: tl.constexpr, PLANES: tl.constexpr,
+                   BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, ROOM: tl.constexpr):
     """The packed top-N of a row's candidates (at most ROOM, in ascending
-    local id), held at once: their threshold by ``bisected_threshold``
-    between their lowest and highest scores, the same counts whatever the
-    scores, then one compaction."""
+    local id, filtered at ``floor``), held at once: their threshold by
+    ``bisected_threshold`` between the floor's bound and their highest
+    score, the same counts whatever the scores, then one compaction."""
     ends = tl.cumsum(listed, axis=0)
     total = tl.sum(listed, axis=0)
     local, score, valid = _candidates(regions, tl.arange(0, ROOM), total, listed, ends, BLOCKS_P2, REGION)
-    lowest = tl.where(total >= N, tl.min(tl.where(valid, score, 0xFFFF), axis=0), 0)  # fewer: every one is kept
+    lowest = tl.where(total >= N, _below_candidates(floor), 0)  # fewer: every one is kept
     counts = above_and_ties(score, bisected_threshold(score, N, lowest, tl.max(score, axis=0)))
     slot, keep, _ = kept_slots(counts, tl.cumsum(counts, axis=0) - counts, tl.sum(counts, axis=0), N)
     store_words(out_row, slot, score, local, keep, N, PLANES)
@@ -625,7 +649,8 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
             tl.store(scratch + MODE, mode)
         if mode == LISTED:
             if span == 0:
-                _select_listed(out_ptr + offset, scratch + REGIONS_AT, listed, N, PLANES, BLOCKS_P2, REGION, ROOM)
+                _select_listed(out_ptr + offset, scratch + REGIONS_AT, listed, tl.load(scratch + FLOOR), N, PLANES,
+                               BLOCKS_P2, REGION, ROOM)
                 publish_row(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
         elif mode == EXACT:
             b = tl.arange(0, BLOCKS_P2)
