@@ -102,17 +102,19 @@ def radix_boundary(hist, need):
 
 
 TIE_TILE = tl.constexpr(256)
-NEAR_BINS = tl.constexpr(128)  # near histograms (select and pack): a bin a level of two scores
+NEAR_BINS = tl.constexpr(128)  # the select's near histograms: a bin a level of two scores
 
 
 @triton.jit
-def near_bin(top, level):
-    """Bin of a level in a near histogram, by how far it lies below ``top``:
-    NEAR_BINS - 1 - distance, bin 0 for NEAR_BINS - 1 levels or more
+def near_bin(top, level, BINS: tl.constexpr):
+    """Bin of a level in a near histogram of BINS bins, by how far it lies
+    below ``top``: BINS - 1 - distance, bin 0 for BINS - 1 levels or more
     (levels above ``top`` count as at it). A top-K of bf16 scores rarely
     spans 254 steps, and a histogram's cost grows with its bins."""
-    distance = tl.minimum(tl.maximum(top - level, 0), NEAR_BINS - 1)
-    return -(distance - (NEAR_BINS - 1))  # tensor - constexpr: the interpreter keeps a tensor
+    distance = tl.minimum(tl.maximum(top - level, 0), BINS - 1)
+    return -(distance - (BINS - 1))  # tensor - constexpr: the interpreter keeps a tensor
+
+
 @triton.jit
 def near_boundary(level, present, need):
     """(boundary level, bucket, above, in_bucket) of the ``need``-th largest
@@ -121,7 +123,8 @@ def near_boundary(level, present, need):
     in it, and the level that bucket stands for (meaningful for a bucket
     above 0: bin 0 gathers every level NEAR_BINS - 1 or more below the top)."""
     top = tl.max(tl.where(present, level, 0), axis=0)
-    bucket, above, in_bucket = radix_boundary(tl.histogram(near_bin(top, level), NEAR_BINS, mask=present), need)
+    hist = tl.histogram(near_bin(top, level, NEAR_BINS), NEAR_BINS, mask=present)
+    bucket, above, in_bucket = radix_boundary(hist, need)
     return top - (NEAR_BINS - 1) + bucket, bucket, above, in_bucket
 
 

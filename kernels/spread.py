@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from .keys import MIN_VALID, NEAR_BINS, is_nan_bits, near_bin, ord16, packed_word, radix_boundary, score16_bits
+from .keys import MIN_VALID, is_nan_bits, near_bin, ord16, packed_word, radix_boundary, score16_bits
 from .launch import Launch
 from .rows import (any_width, bisected_threshold, above_and_ties, kept_slots, line_positions, load_tokens,
                    publish_row, row_target, row_window, store_words, token_ord16, zero_row_from)
@@ -55,6 +55,7 @@ MAX_GROUPS = 512  # the estimate samples at most 8 * MAX_GROUPS tokens
 SAMPLE_RANK = tl.constexpr(256)  # the sample is sized to hold about this many of the row's top-n
 MAX_ROOM = 8192  # candidates the finish holds in registers (16 a thread at its widest)
 SIGMAS = tl.constexpr(4)  # the estimate's margin, in standard deviations of the sample's count
+SAMPLE_BINS = tl.constexpr(64)  # the estimate's histograms (their cost grows with their bins)
 
 
 
@@ -201,8 +202,8 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     holds rank r_lo = r + 4 sqrt(2 r) + 4 (four standard deviations, the
     variance doubled for tokens that come in correlated groups). The sample
     is ranked by one histogram of each score's level below the top level,
-    levels of 2 scores; of 32, then 512, only when rank r_lo falls past
-    NEAR_BINS - 1 levels (heavy tails, a few outliers, a tie far below a few
+    levels of 2 scores; of 32, then 2048, only when rank r_lo falls past
+    SAMPLE_BINS - 1 levels (heavy tails, a few outliers, a tie far below a few
     scores). When the floor's bin's highest score, or the one just below it,
     holds more sampled tokens than r_lo + 16 (ties: few levels, zeros,
     masked tails), it is the probe and the floor moves above it; otherwise
@@ -223,19 +224,19 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     r = tl.maximum((N * 8 * groups + length - 1) // length, 1).to(tl.int32)
     r_lo = r + tl.ceil(tl.sqrt(2.0 * r.to(tl.float32)) * SIGMAS).to(tl.int32) + SIGMAS
     top = tl.max(tl.where(valid, score >> 1, 0), axis=0)
-    hist = tl.histogram(near_bin(top, score >> 1), NEAR_BINS, mask=valid)
+    hist = tl.histogram(near_bin(top, score >> 1, SAMPLE_BINS), SAMPLE_BINS, mask=valid)
     bucket, above, in_level, low_bucket = _sample_boundaries(hist, r, r_lo)
     shift = tl.full((), 1, tl.int32)
     low_top = top
     for coarser in tl.static_range(2):
         if low_bucket == 0:
-            shift += 4
+            shift += 4 + 2 * coarser  # levels of 32 scores, then of 2048: the whole range
             low_top = top >> (shift - 1)  # the top level's group: shifts keep the maximum
-            low_bucket, _, _ = radix_boundary(tl.histogram(near_bin(low_top, score >> shift), NEAR_BINS, mask=valid),
-                                              r_lo)
-    floor_level = low_top - (NEAR_BINS - 1) + low_bucket
+            low_bucket, _, _ = radix_boundary(
+                tl.histogram(near_bin(low_top, score >> shift, SAMPLE_BINS), SAMPLE_BINS, mask=valid), r_lo)
+    floor_level = low_top - (SAMPLE_BINS - 1) + low_bucket
     most = tl.max(tl.where(valid & ((score >> shift) == floor_level), score, 0), axis=0)
-    upper = (top - (NEAR_BINS - 1) + bucket) * 2 + 1
+    upper = (top - (SAMPLE_BINS - 1) + bucket) * 2 + 1
     counts = tl.sum((valid & (score == upper)).to(tl.int64) | ((valid & (score == most)).to(tl.int64) << 16)
                     | ((valid & (score == most - 1)).to(tl.int64) << 32), axis=0)
     probe = tl.where(r - above <= (counts & 0xFFFF).to(tl.int32), upper, upper - 1)
