@@ -152,11 +152,13 @@ def _block_tokens(logits_ptr, row, logits_stride, block, window):
 
 @triton.jit
 def _span_target(sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr):
-    """(span, row, spans, active, offset) of a program of a [spans, rows]
-    grid (``row_target`` gives the last two)."""
-    row = tl.program_id(1).to(tl.int64)
+    """(span, row, spans, active, offset) of a program of a [rows, spans]
+    grid (``row_target`` gives the last two): every row's first span is
+    dispatched before any row's second, so that the rows settled by their
+    first span alone start at once."""
+    row = tl.program_id(0).to(tl.int64)
     active, offset = row_target(row, sat_ptr, rank, WORDS, SLOTS, LIST)
-    return tl.program_id(0), row, tl.num_programs(0), active, offset
+    return tl.program_id(1), row, tl.num_programs(1), active, offset
 
 
 @triton.jit
@@ -708,13 +710,13 @@ def radix_low_kernel(scratch_ptr, rows, width_limit, N: tl.constexpr, LIST: tl.c
     the span's histogram of the low byte inside it."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
-    span = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
+    span = tl.program_id(1)
+    row = tl.program_id(0).to(tl.int64)
     if row_target(row, sat_ptr, rank, 1, 1, LIST)[0]:
         scratch = scratch_ptr + row * scratch_stride
         if tl.load(scratch + MODE) == RADIX:
             histograms = scratch + HISTOGRAMS_AT
-            high, _, _ = radix_boundary(_summed(histograms, tl.num_programs(0), 0), N)
+            high, _, _ = radix_boundary(_summed(histograms, tl.num_programs(1), 0), N)
             _span_histogram(histograms, logits_ptr, row, logits_stride, span,
                             tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
                             row_window(row_starts_ptr, row_ends_ptr, row, width_limit), high, 256, True, SPAN)
@@ -777,11 +779,11 @@ def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local
                ESTIMATE_WARPS),
         Launch(filter_kernel, (blocks, rows), (scratch, rows_arg, limit),
                dict(REGION=p.region, REGIONS_AT=p.regions_at, LIST=listing, PAIRS=pairs, PDL=pdl), FILTER_WARPS),
-        Launch(finish_kernel, (spans, rows), (out, scratch, rows_arg, limit, peers_arg),
+        Launch(finish_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, HISTOGRAMS_AT=p.histograms_at,
                     REGIONS_AT=p.regions_at, ROOM=p.room, SPAN=p.span, **peers), max(SPAN_WARPS, p.room // 512)),
-        Launch(radix_low_kernel, (spans, rows), (scratch, rows_arg, limit),
+        Launch(radix_low_kernel, (rows, spans), (scratch, rows_arg, limit),
                dict(N=n, LIST=listing, HISTOGRAMS_AT=p.histograms_at, SPAN=p.span, PDL=pdl), SPAN_WARPS),
-        Launch(radix_write_kernel, (spans, rows), (out, scratch, rows_arg, limit, peers_arg),
+        Launch(radix_write_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, HISTOGRAMS_AT=p.histograms_at, SPAN=p.span, **peers), SPAN_WARPS),
     ]
