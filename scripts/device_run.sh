@@ -16,11 +16,14 @@
 #   branches the kernel benchmark (BENCH_ARGS, default the pack at three shapes), the select alone at
 #            W = 2 to 16 (scripts/bench_select.py) and a short merge benchmark of this checkout and of each
 #            branch staged by scripts/stage_branches.sh (carry .branches; not in the default run)
+#   primitives  the latency of Triton's block-wide steps in one program (scripts/bench_primitives.py; not in
+#            the default run)
 #   profile  Nsight Compute over one simulated merge (scripts/profile_kernels.py; not in the default run),
 #            with each kernel's SASS instruction counts and stall samples (scripts/sass_summary.py)
 # Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
 # Logs and results go under $OUT.
-#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [serving] [cli] [launch] [branches] [profile]
+#   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [serving] [cli] [launch] [branches]
+#        [primitives] [profile]
 #        (BENCH_ARGS narrows the kernel benchmark, MERGE_ARGS the merge one, TEST_FILES and TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
@@ -86,6 +89,8 @@ for step in $STEPS; do
           scripts/bench_merge.py --rows 1 64 --widths 16384 65536 --iters 100 --out "/tmp/branches/${name}_merge.json"
       done 2>&1 | grep -v -i warn | tee "$OUT/branches.log"
       tar czf "$OUT/branches.tgz" -C /tmp/branches . ;;
+    primitives)
+      timeout 300 python3 scripts/bench_primitives.py 2>&1 | grep -v -i warn | tee "$OUT/primitives.log" ;;
     profile)  # --clock-control none: leave the GPU's clocks as they are
       { timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes \
           -o "$OUT/kernels" -f python3 scripts/profile_kernels.py
@@ -98,6 +103,7 @@ for step in $STEPS; do
         done
         tar czf "$OUT/profile_sass.tgz" -C /tmp/sass .
       } 2>&1 | grep -v -i warn | tee "$OUT/profile.log" | tail -60 ;;
-    *) echo "unknown step $step (kernels, merge, merge-library, tests, serving, cli, launch, branches, profile)"; exit 2 ;;
+    *) echo "unknown step $step (kernels, merge, merge-library, tests, serving, cli, launch, branches, primitives," \
+            "profile)"; exit 2 ;;
   esac
 done
