@@ -24,9 +24,14 @@ PROGRAMS = 8
 
 
 @triton.jit
+def _values(x_ptr, ROOM: tl.constexpr):
+    """The program's ROOM values, and a zero to chain the steps through."""
+    return tl.load(x_ptr + tl.program_id(0).to(tl.int64) * ROOM + tl.arange(0, ROOM)), tl.zeros((), tl.int32)
+
+
+@triton.jit
 def sum_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
-    x = tl.load(x_ptr + tl.program_id(0).to(tl.int64) * ROOM + tl.arange(0, ROOM))
-    acc = tl.zeros((), tl.int32)
+    x, acc = _values(x_ptr, ROOM)
     for _ in tl.static_range(REPS):
         acc += tl.sum((x >= acc).to(tl.int32), axis=0)
     tl.store(out_ptr + tl.program_id(0), acc)
@@ -34,8 +39,7 @@ def sum_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
 
 @triton.jit
 def max_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
-    x = tl.load(x_ptr + tl.program_id(0).to(tl.int64) * ROOM + tl.arange(0, ROOM))
-    acc = tl.zeros((), tl.int32)
+    x, acc = _values(x_ptr, ROOM)
     for _ in tl.static_range(REPS):
         acc += tl.max(x ^ acc, axis=0) & 1
     tl.store(out_ptr + tl.program_id(0), acc)
@@ -43,8 +47,7 @@ def max_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
 
 @triton.jit
 def cumsum_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
-    x = tl.load(x_ptr + tl.program_id(0).to(tl.int64) * ROOM + tl.arange(0, ROOM))
-    acc = tl.zeros((), tl.int32)
+    x, acc = _values(x_ptr, ROOM)
     for _ in tl.static_range(REPS):
         running = tl.cumsum((x >= acc).to(tl.int32), axis=0)
         acc += tl.sum(tl.where(tl.arange(0, ROOM) == ROOM - 1, running, 0), axis=0) & 1
@@ -53,8 +56,7 @@ def cumsum_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
 
 @triton.jit
 def histogram_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr, BINS: tl.constexpr):
-    x = tl.load(x_ptr + tl.program_id(0).to(tl.int64) * ROOM + tl.arange(0, ROOM))
-    acc = tl.zeros((), tl.int32)
+    x, acc = _values(x_ptr, ROOM)
     for _ in tl.static_range(REPS):
         hist = tl.histogram((x + acc) & (BINS - 1), BINS)
         acc += tl.sum(tl.where(tl.arange(0, BINS) == 3, hist, 0), axis=0) & 1
@@ -68,8 +70,7 @@ def _add3(a0, a1, a2, b0, b1, b2):
 
 @triton.jit
 def tuple_sum_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
-    x = tl.load(x_ptr + tl.program_id(0).to(tl.int64) * ROOM + tl.arange(0, ROOM))
-    acc = tl.zeros((), tl.int32)
+    x, acc = _values(x_ptr, ROOM)
     for _ in tl.static_range(REPS):
         a, b, c = tl.reduce(((x >= acc).to(tl.int32), (x >= acc + 1).to(tl.int32), (x >= acc + 2).to(tl.int32)),
                             0, _add3)
@@ -79,8 +80,7 @@ def tuple_sum_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
 
 @triton.jit
 def field_sum_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
-    x = tl.load(x_ptr + tl.program_id(0).to(tl.int64) * ROOM + tl.arange(0, ROOM))
-    acc = tl.zeros((), tl.int32)
+    x, acc = _values(x_ptr, ROOM)
     for _ in tl.static_range(REPS):
         above = (x >= acc).to(tl.int32) + (x >= acc + 5).to(tl.int32) + (x >= acc + 9).to(tl.int32)
         fields = tl.sum(tl.full((), 1, tl.int64) << (above * 16).to(tl.int64), axis=0)
@@ -90,7 +90,7 @@ def field_sum_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
 
 @triton.jit
 def gather_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
-    x = tl.load(x_ptr + tl.program_id(0).to(tl.int64) * ROOM + tl.arange(0, ROOM))
+    x, _ = _values(x_ptr, ROOM)
     table = tl.load(x_ptr + tl.arange(0, 32)) & 31
     index = x & 31
     for _ in tl.static_range(REPS):
