@@ -110,7 +110,8 @@ def near_bin(top, level, BINS: tl.constexpr):
     """Bin of a level in a near histogram of BINS bins, by how far it lies
     below ``top``: BINS - 1 - distance, bin 0 for BINS - 1 levels or more
     (levels above ``top`` count as at it). A top-K of bf16 scores rarely
-    spans 254 steps, and a histogram's cost grows with its bins."""
+    spans many steps (NEAR_BINS covers 254), and a histogram's cost grows
+    with its bins."""
     distance = tl.minimum(tl.maximum(top - level, 0), BINS - 1)
     return -(distance - (BINS - 1))  # tensor - constexpr: the interpreter keeps a tensor
 
