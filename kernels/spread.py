@@ -380,12 +380,14 @@ def _block_pairs(row_ptr, block, window):
 @triton.jit
 def _filter_half(region, pair, w, kept, level_floor, probe, REGION: tl.constexpr):
     """One half block of ``_filter_pairs``: its candidates' words from slot
-    ``kept`` of the region; returns (kept, first counts, second counts)
+    ``kept`` of the region; returns (kept, first counts, probe counts)
     with the half's added. Both tokens of a word at once: its two ord16
     (``_pair_orders``); a half is NaN iff its magnitude bits pass 0x7F80
     (adding 0x7F sets the half's top bit, and never carries out of it); a
     candidate iff its level (ord16 >> 1) reaches the floor's, in the same
-    way (``level_floor``: (0x8000 - (floor >> 1)) in each half)."""
+    way (``level_floor``: (0x8000 - (floor >> 1)) in each half). The probe
+    counts (``_probe_counts``): tokens whose level reaches (probe + 1) >> 1,
+    and tokens equal to the probe."""
     order = _pair_orders(pair)
     nan = (pair & 0x7FFF7FFF) + 0x007F007F
     take = (((order >> 1) & 0x7FFF7FFF) + level_floor) & ~nan & -0x7FFF8000  # bits 15, 31: even, odd taken
@@ -393,6 +395,15 @@ def _filter_half(region, pair, w, kept, level_floor, probe, REGION: tl.constexpr
     taken = take_even + ((take >> 31) & 1)
     valid = 2 - ((nan >> 15) & 1) - ((nan >> 31) & 1)
     first = tl.sum(tl.sum(valid | (taken << 16), axis=1), axis=0)  # two counts a sum (each < 2^16)
+    second = tl.zeros((), dtype=tl.int32)
+    if probe != 0:
+        reached = (((order >> 1) & 0x7FFF7FFF) + (0x8000 - ((probe + 1) >> 1)) * 0x10001) & ~nan & -0x7FFF8000
+        other = order ^ (probe * 0x10001)  # a half is 0 iff it is the probe (a NaN never is: the probe is valid)
+        equal = ~(((other & 0x7FFF7FFF) + 0x7FFF7FFF) | other) & -0x7FFF8000  # bits 15, 31: a half is 0
+        # per line (4 words): a byte each for the even and odd tokens' two counts, then folded to 16-bit fields
+        line = tl.sum(((reached >> 15) & 0x10001) | (((equal >> 15) & 0x10001) << 8), axis=1)
+        line = (line & 0xFFFF) + ((line >> 16) & 0xFFFF)  # the even and odd tokens' bytes added
+        second = tl.sum((line & 0xFF) | ((line & 0xFF00) << 8), axis=0)
     pos = kept + line_positions(taken)
     keep_even = take_even != 0
     keep_odd = take < 0
@@ -402,14 +413,6 @@ def _filter_half(region, pair, w, kept, level_floor, probe, REGION: tl.constexpr
     id_even = 0xFFFF - ((2 * w) & 0xFFFF)
     tl.store(region + pos, (order << 16) | id_even, mask=keep_even)
     tl.store(region + pos + take_even, (order & -0x10000) | (id_even - 1), mask=keep_odd)
-    second = tl.zeros((), dtype=tl.int32)
-    if probe != 0:
-        # each token's ord16; NaN: 0, never counted
-        score_even = tl.where((nan & 0x8000) == 0, order & 0xFFFF, 0)
-        score_odd = tl.where((nan & -0x80000000) == 0, (order >> 16) & 0xFFFF, 0)
-        reach = (score_even >= probe).to(tl.int32) + (score_odd >= probe).to(tl.int32)
-        above = (score_even > probe).to(tl.int32) + (score_odd > probe).to(tl.int32)
-        second = tl.sum(tl.sum(reach | (above << 16), axis=1), axis=0)
     return kept + (first >> 16), first, second
 
 
@@ -428,12 +431,25 @@ def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.co
     kept, first, second = _filter_half(region, first_pair, first_w, 0, level_floor, probe, REGION)
     kept, first_2, second_2 = _filter_half(region, second_pair, second_w, kept, level_floor, probe, REGION)
     first += first_2
-    second += second_2
+    reach, above = _probe_counts(second + second_2, probe)
     counts = scratch + HEADER + block * COUNT_FIELDS
     tl.store(counts, first & 0xFFFF)
     tl.store(counts + 1, first >> 16)
-    tl.store(counts + 2, second & 0xFFFF)
-    tl.store(counts + 3, second >> 16)
+    tl.store(counts + 2, reach)
+    tl.store(counts + 3, above)
+
+
+@triton.jit
+def _probe_counts(fields, probe):
+    """(tokens >= probe, tokens > probe) from ``fields``: the tokens whose
+    level reaches (probe + 1) >> 1 (bits 0-15) and those equal to the probe
+    (bits 16-31). An even probe is the lowest score of its level, an odd
+    one the highest: the level count is the tokens >= an even probe, or >
+    an odd one."""
+    level_count = fields & 0xFFFF
+    equal = fields >> 16
+    odd = (probe & 1) != 0
+    return level_count + tl.where(odd, equal, 0), level_count - tl.where(odd, 0, equal)
 
 
 @any_width
