@@ -228,27 +228,36 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     top = tl.max(tl.where(valid, score >> 1, 0), axis=0)
     hist = tl.histogram(near_bin(top, score >> 1, SAMPLE_BINS), SAMPLE_BINS, mask=valid)
     bucket, above, in_level, low_bucket = _sample_boundaries(hist, r, r_lo)
-    shift = tl.full((), 1, tl.int32)
-    low_top = top
-    for coarser in tl.static_range(2):
-        if low_bucket == 0:
-            shift += 4 + 2 * coarser  # levels of 32 scores, then of 2048: the whole range
-            low_top = top >> (shift - 1)  # the top level's group: shifts keep the maximum
-            low_bucket, _, _ = radix_boundary(
-                tl.histogram(near_bin(low_top, score >> shift, SAMPLE_BINS), SAMPLE_BINS, mask=valid), r_lo)
-    floor_level = low_top - (SAMPLE_BINS - 1) + low_bucket
-    most = tl.max(tl.where(valid & ((score >> shift) == floor_level), score, 0), axis=0)
-    upper = (top - (SAMPLE_BINS - 1) + bucket) * 2 + 1
-    counts = tl.sum((valid & (score == upper)).to(tl.int64) | ((valid & (score == most)).to(tl.int64) << 16)
-                    | ((valid & (score == most - 1)).to(tl.int64) << 32), axis=0)
-    probe = tl.where(r - above <= (counts & 0xFFFF).to(tl.int32), upper, upper - 1)
-    probe = tl.where((bucket > 0) & (in_level > 8), probe, 0)
-    floor = tl.where(low_bucket >= 0, floor_level << shift, 0)
-    at_most = ((counts >> 16) & 0xFFFF).to(tl.int32)
-    below_most = (counts >> 32).to(tl.int32)
-    if (low_bucket >= 0) & (tl.maximum(at_most, below_most) > r_lo + 16):
-        probe = tl.where(at_most >= below_most, most, most - 1)
-        floor = (probe + 2) & ~1  # even: the pairs compare levels
+    bottom = tl.zeros((), dtype=tl.int32)
+    if low_bucket == 0:  # rank r_lo lies past the fine levels: is it a tie at the lowest score (zeros, -inf)?
+        bottom = tl.min(tl.where(valid, score, 0xFFFF), axis=0)
+        split = tl.sum((valid & (score > bottom)).to(tl.int32) | ((score == bottom).to(tl.int32) << 16), axis=0)
+        bottom = tl.where(((split & 0xFFFF) < r_lo) & ((split >> 16) > r_lo + 16), bottom, 0)
+    if bottom != 0:
+        probe = bottom
+        floor = (bottom + 2) & ~1  # even: the pairs compare levels
+    else:
+        shift = tl.full((), 1, tl.int32)
+        low_top = top
+        for coarser in tl.static_range(2):
+            if low_bucket == 0:
+                shift += 4 + 2 * coarser  # levels of 32 scores, then of 2048: the whole range
+                low_top = top >> (shift - 1)  # the top level's group: shifts keep the maximum
+                low_bucket, _, _ = radix_boundary(
+                    tl.histogram(near_bin(low_top, score >> shift, SAMPLE_BINS), SAMPLE_BINS, mask=valid), r_lo)
+        floor_level = low_top - (SAMPLE_BINS - 1) + low_bucket
+        most = tl.max(tl.where(valid & ((score >> shift) == floor_level), score, 0), axis=0)
+        upper = (top - (SAMPLE_BINS - 1) + bucket) * 2 + 1
+        counts = tl.sum((valid & (score == upper)).to(tl.int64) | ((valid & (score == most)).to(tl.int64) << 16)
+                        | ((valid & (score == most - 1)).to(tl.int64) << 32), axis=0)
+        probe = tl.where(r - above <= (counts & 0xFFFF).to(tl.int32), upper, upper - 1)
+        probe = tl.where((bucket > 0) & (in_level > 8), probe, 0)
+        floor = tl.where(low_bucket >= 0, floor_level << shift, 0)
+        at_most = ((counts >> 16) & 0xFFFF).to(tl.int32)
+        below_most = (counts >> 32).to(tl.int32)
+        if (low_bucket >= 0) & (tl.maximum(at_most, below_most) > r_lo + 16):
+            probe = tl.where(at_most >= below_most, most, most - 1)
+            floor = (probe + 2) & ~1
     return probe, floor
 
 
