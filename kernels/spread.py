@@ -204,13 +204,15 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     holds rank r_lo = r + 4 sqrt(2 r) + 4 (four standard deviations, the
     variance doubled for tokens that come in correlated groups). The sample
     is ranked by one histogram of each score's level below the top level,
-    levels of 2 scores; of 32, then 2048, only when rank r_lo falls past
-    SAMPLE_BINS - 1 levels (heavy tails, a few outliers, a tie far below a few
-    scores). When the floor's bin's highest score, or the one just below it,
-    holds more sampled tokens than r_lo + 16 (ties: few levels, zeros,
-    masked tails), it is the probe and the floor moves above it; otherwise
-    the probe is the r-th score where more than 8 sampled tokens share its
-    level, else none."""
+    levels of 2 scores. When rank r_lo falls past SAMPLE_BINS - 1 levels
+    (heavy tails, a few outliers, a tie far below a few scores), the lowest
+    sampled score is asked first whether it holds rank r_lo with more than
+    r_lo + 16 tokens (zeros below a few positives, a masked tail); if not,
+    levels of 32, then of 2048 scores rank it. When the floor's bin's
+    highest score, or the one just below it, holds more sampled tokens
+    than r_lo + 16 (ties: few levels, zeros, masked tails), it is the probe
+    and the floor moves above it; otherwise the probe is the r-th score
+    where more than 8 sampled tokens share its level, else none."""
     base = start // 8 * 8
     length = end - base
     groups = tl.minimum((SAMPLE_RANK * length + 8 * N - 1) // (8 * N), tl.minimum(length // 8, GROUPS))
