@@ -241,10 +241,14 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     else:
         shift = tl.full((), 1, tl.int32)
         low_top = top
+        below = top
+        if low_bucket == 0:  # the coarser levels count down from the highest level past the fine ones: from an
+            # outlier at the top, rank r_lo could lie past them too
+            below = tl.max(tl.where(valid & ((score >> 1) <= top - (SAMPLE_BINS - 1)), score >> 1, 0), axis=0)
         for coarser in tl.static_range(2):
             if low_bucket == 0:
                 shift += 4 + 2 * coarser  # levels of 32 scores, then of 2048: the whole range
-                low_top = top >> (shift - 1)  # the top level's group: shifts keep the maximum
+                low_top = below >> (shift - 1)  # the anchor level's group: shifts keep the maximum
                 low_bucket, _, _ = radix_boundary(
                     tl.histogram(near_bin(low_top, score >> shift, SAMPLE_BINS), SAMPLE_BINS, mask=valid), r_lo)
         floor_level = low_top - (SAMPLE_BINS - 1) + low_bucket

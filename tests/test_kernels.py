@@ -198,7 +198,9 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     blocks; a block past the last kept tie copies its candidates), every
     valid token (fewer than n), and the radix steps (the sampled groups
     hold low scores, the rest of the row high ones: the floor lets almost
-    every token through). Planes past 2^16, fp32 scores. The filter reads
+    every token through). A sampled outlier far above the rest, and zeros
+    below fewer than n positives (ties at the lowest sampled score), still
+    settle from the sample. Planes past 2^16, fp32 scores. The filter reads
     bf16 rows of an even width as pairs of tokens (odd row ends included),
     others token by token (an odd width, fp32)."""
     from nvshmem_topk import reference
@@ -221,10 +223,14 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     planes[0, -2000:] += 3
     planes_attack = torch.randn(1, wide_width, generator=gen)
     planes_attack[0, _sampled_groups(64, wide_width)] = -5.0
+    outlier = torch.randn(2, width, generator=gen)
+    outlier[:, 0] = 1e30  # token 0 is always sampled
+    zeros = torch.relu(torch.randn(2, width, generator=gen) - 2.5)
     listed, exact, radix = spread.LISTED.value, spread.EXACT.value, spread.RADIX.value
     cases = [("listed", normal, n, listed), ("ties", ties, n, exact), ("fewer than n", few, n, listed),
              ("radix", attack, n, radix), ("planes", planes, n, listed), ("planes radix", planes_attack, 64, radix),
-             ("fp32", normal, n, listed), ("odd width", normal[:, 1:], n, listed)]
+             ("fp32", normal, n, listed), ("odd width", normal[:, 1:], n, listed), ("outlier", outlier, n, listed),
+             ("zeros", zeros, n, exact)]
     for name, scores, k, mode in cases:
         logits = scores if name == "fp32" else scores.bfloat16()
         ends = torch.full((logits.shape[0],), logits.shape[1], dtype=torch.int32)
