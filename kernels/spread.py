@@ -210,11 +210,11 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     r_lo + 16 tokens (zeros below a few positives, a masked tail); if not,
     levels of 32, then of 2048 scores rank it, counted down from the
     highest level past the fine ones (an outlier at the top would leave
-    rank r_lo past them too). When the floor's bin's
-    highest score, or the one just below it, holds more sampled tokens
-    than r_lo + 16 (ties: few levels, zeros, masked tails), it is the probe
-    and the floor moves above it; otherwise the probe is the r-th score
-    where more than 8 sampled tokens share its level, else none."""
+    rank r_lo past them too). When the floor's bin's highest score, or the
+    one just below it, holds more sampled tokens than r_lo + 16 (ties: few
+    levels, zeros, masked tails), it is the probe and the floor moves above
+    it; otherwise the probe is the r-th score where more than 8 sampled
+    tokens share its level, else none."""
     base = start // 8 * 8
     length = end - base
     groups = tl.minimum((SAMPLE_RANK * length + 8 * N - 1) // (8 * N), tl.minimum(length // 8, GROUPS))
