@@ -219,9 +219,12 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     length = end - base
     groups = tl.minimum((SAMPLE_RANK * length + 8 * N - 1) // (8 * N), tl.minimum(length // 8, GROUPS))
     g = tl.arange(0, GROUPS)
-    # Groups past ``groups`` re-read the last one (every 16-byte load stays
-    # inside the row, unmasked) and count nothing.
-    first = base + (tl.minimum(g, groups - 1).to(tl.int64) * length) // groups // 8 * 8
+    # Group g starts near g * length / groups, in 16-bit fixed point: one
+    # division a row, not one (int64, in software) a group. Groups past
+    # ``groups`` re-read the last one (every 16-byte load stays inside the
+    # row, unmasked) and count nothing.
+    step = (length.to(tl.int64) << 16) // groups
+    first = base + ((tl.minimum(g, groups - 1).to(tl.int64) * step) >> 16) // 8 * 8
     local = first[:, None] + tl.arange(0, 8)[None, :]
     score = token_ord16(tl.load(in_row + local))
     score = tl.reshape(tl.where((g < groups)[:, None] & (local >= start), score, 0), (GROUPS * 8,),

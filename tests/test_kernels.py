@@ -186,7 +186,7 @@ def _sampled_groups(n: int, width: int) -> torch.Tensor:
     from nvshmem_topk.kernels import spread
 
     groups = min(math.ceil(spread.SAMPLE_RANK.value * width / (8 * n)), width // 8, spread.plan(n, width).groups)
-    starts = (torch.arange(groups) * width) // groups // 8 * 8
+    starts = ((torch.arange(groups) * ((width << 16) // groups)) >> 16) // 8 * 8
     return (starts[:, None] + torch.arange(8)).flatten()
 
 
