@@ -4,7 +4,7 @@ every step that reads the row is spread over its blocks of BLOCK tokens,
 so no program walks a row:
 
 1. estimate (a program per row): the row's n-th score is expected at rank r
-   of a sample of groups of 8 adjacent tokens spread over the row. The
+   of a sample of groups of GROUP adjacent tokens spread over the row. The
    ``floor`` is the sample's score at rank r_lo, four standard deviations of
    r further down, the ``probe`` its score at rank r; when many sampled
    tokens tie on the floor's score, that score is the probe and the floor
@@ -51,7 +51,9 @@ SPANS = 8  # finish and radix programs per row, about: each covers a span of 1 t
 MAX_SPAN = 4
 SPAN_WARPS = 8
 ESTIMATE_WARPS = 8
-MAX_GROUPS = 512  # the estimate samples at most 8 * MAX_GROUPS tokens
+GROUP = tl.constexpr(4)  # adjacent tokens a sampled group (one 8-byte load of bf16): the fewer tokens a group,
+# the more independent values a smooth row's sample holds
+MAX_GROUPS = 4096 // GROUP.value  # the estimate samples at most 4096 tokens
 SAMPLE_RANK = tl.constexpr(256)  # the sample is sized to hold about this many of the row's top-n
 MAX_ROOM = 8192  # candidates the finish holds in registers (16 a thread at its widest)
 SIGMAS = tl.constexpr(4)  # the estimate's margin, in standard deviations of the sample's count
@@ -71,9 +73,9 @@ LISTED, EXACT, RADIX = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # how 
 class Plan:
     """The compile-time shape of one pipeline: n selected from rows of up to
     ``max_local_len`` tokens. ``room``: the most candidates a row is
-    selected from (held in registers at once); ``groups``: most groups of 8
-    the estimate samples; ``blocks_p2``: blocks of the longest row, rounded
-    up to a power of two (spans too)."""
+    selected from (held in registers at once); ``groups``: most groups of
+    GROUP tokens the estimate samples; ``blocks_p2``: blocks of the longest
+    row, rounded up to a power of two (spans too)."""
 
     n: int
     room: int
@@ -124,8 +126,9 @@ def plan(n: int, max_local_len: int) -> Plan:
     longest row's top-n (at most MAX_GROUPS), and room for twice its
     candidates with four standard deviations to spare: a row's count of them
     is about n r_lo / r, the sample's r_lo-th score standing for the n-th."""
-    groups = min(MAX_GROUPS, max(64, triton.next_power_of_2(math.ceil(SAMPLE_RANK.value * max_local_len / (8 * n)))))
-    rank = max(1.0, min(SAMPLE_RANK.value, n * 8 * groups / max_local_len))
+    wanted = math.ceil(SAMPLE_RANK.value * max_local_len / (GROUP.value * n))
+    groups = min(MAX_GROUPS, max(64, triton.next_power_of_2(wanted)))
+    rank = max(1.0, min(SAMPLE_RANK.value, n * GROUP.value * groups / max_local_len))
     room = min(max(512, 2 * triton.next_power_of_2(math.ceil(expected_candidates(n, rank)))), MAX_ROOM)
     blocks_p2 = triton.next_power_of_2(triton.cdiv(max_local_len, BLOCK.value))
     return Plan(n=n, room=room, groups=groups, blocks_p2=blocks_p2)
@@ -195,10 +198,10 @@ def _sample_boundaries(hist, r, r_lo):
 
 @triton.jit
 def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr):
-    """(probe, floor) of a row's valid tokens [start, end), from groups of 8
-    adjacent tokens spread evenly over them (from ``start`` rounded down to
-    8, so that every group is 16-byte aligned; tokens before it count
-    nothing), enough that about SAMPLE_RANK sampled tokens are
+    """(probe, floor) of a row's valid tokens [start, end), from groups of
+    GROUP adjacent tokens spread evenly over them (from ``start`` rounded
+    down to GROUP, so that every group is one aligned load; tokens before it
+    count nothing), enough that about SAMPLE_RANK sampled tokens are
     expected in its top N (at most GROUPS). The row's N-th score is expected
     at rank r of the sample; the floor is the lowest score of the bin that
     holds rank r_lo = r + 4 sqrt(2 r) + 4 (four standard deviations, the
@@ -215,22 +218,22 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     levels, zeros, masked tails), it is the probe and the floor moves above
     it; otherwise the probe is the r-th score where more than 8 sampled
     tokens share its level, else none."""
-    base = start // 8 * 8
+    base = start // GROUP * GROUP
     length = end - base
-    groups = tl.minimum((SAMPLE_RANK * length + 8 * N - 1) // (8 * N), tl.minimum(length // 8, GROUPS))
+    groups = tl.minimum((SAMPLE_RANK * length + GROUP * N - 1) // (GROUP * N), tl.minimum(length // GROUP, GROUPS))
     g = tl.arange(0, GROUPS)
     # Group g starts near g * length / groups, in 16-bit fixed point: one
     # division a row, not one (int64, in software) a group. Groups past
-    # ``groups`` re-read the last one (every 16-byte load stays inside the
-    # row, unmasked) and count nothing.
+    # ``groups`` re-read the last one (every load stays inside the row,
+    # unmasked) and count nothing.
     step = (length.to(tl.int64) << 16) // groups
-    first = base + ((tl.minimum(g, groups - 1).to(tl.int64) * step) >> 16) // 8 * 8
-    local = first[:, None] + tl.arange(0, 8)[None, :]
+    first = base + ((tl.minimum(g, groups - 1).to(tl.int64) * step) >> 16) // GROUP * GROUP
+    local = first[:, None] + tl.arange(0, GROUP)[None, :]
     score = token_ord16(tl.load(in_row + local))
-    score = tl.reshape(tl.where((g < groups)[:, None] & (local >= start), score, 0), (GROUPS * 8,),
+    score = tl.reshape(tl.where((g < groups)[:, None] & (local >= start), score, 0), (GROUPS * GROUP,),
                        can_reorder=True)
     valid = score != 0
-    r = tl.maximum((N * 8 * groups + length - 1) // length, 1).to(tl.int32)
+    r = tl.maximum((N * GROUP * groups + length - 1) // length, 1).to(tl.int32)
     r_lo = r + tl.ceil(tl.sqrt(2.0 * r.to(tl.float32)) * SIGMAS).to(tl.int32) + SIGMAS
     top = tl.max(tl.where(valid, score >> 1, 0), axis=0)
     hist = tl.histogram(near_bin(top, score >> 1, SAMPLE_BINS), SAMPLE_BINS, mask=valid)

@@ -185,9 +185,10 @@ def _sampled_groups(n: int, width: int) -> torch.Tensor:
     """The token ids the estimate samples from a row of ``width`` tokens."""
     from nvshmem_topk.kernels import spread
 
-    groups = min(math.ceil(spread.SAMPLE_RANK.value * width / (8 * n)), width // 8, spread.plan(n, width).groups)
-    starts = ((torch.arange(groups) * ((width << 16) // groups)) >> 16) // 8 * 8
-    return (starts[:, None] + torch.arange(8)).flatten()
+    size = spread.GROUP.value
+    groups = min(math.ceil(spread.SAMPLE_RANK.value * width / (size * n)), width // size, spread.plan(n, width).groups)
+    starts = ((torch.arange(groups) * ((width << 16) // groups)) >> 16) // size * size
+    return (starts[:, None] + torch.arange(size)).flatten()
 
 
 @needs_triton
@@ -222,7 +223,7 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     planes = torch.randn(1, wide_width, generator=gen)
     planes[0, -2000:] += 3
     planes_attack = torch.randn(1, wide_width, generator=gen)
-    planes_attack[0, _sampled_groups(64, wide_width)] = -5.0
+    planes_attack[0, _sampled_groups(64, wide_width - 3)] = -5.0  # its one row ends 3 tokens early too
     outlier = torch.randn(2, width, generator=gen)
     outlier[:, 0] = 1e30  # token 0 is always sampled
     zeros = torch.relu(torch.randn(2, width, generator=gen) - 2.5)
@@ -243,15 +244,16 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
         assert torch.equal(got.cpu(), want), name
         assert scratch[:, spread.MODE.value].tolist() == [mode] * logits.shape[0], name
         assert not arrivals.any(), name
-    # A room of 256 for 240 candidates or so: the select holds nearly all of it.
-    full = spread.Plan(n=n, room=256, groups=spread.plan(n, width).groups, blocks_p2=spread.plan(n, width).blocks_p2)
+    # A room of 256 for about 200 candidates: the select holds nearly all of it.
+    m = 96
+    full = spread.Plan(n=m, room=256, groups=spread.plan(m, width).groups, blocks_p2=spread.plan(m, width).blocks_p2)
     monkeypatch.setattr(spread, "plan", lambda k, w: full)
     logits = normal.bfloat16()
     ends = torch.full((2,), width, dtype=torch.int32)
-    want = reference.pack(logits, ends, n, width)
+    want = reference.pack(logits, ends, m, width)
     got = torch.full_like(want, 123).to(device)
-    scratch, arrivals = pack.scratch_for(2, n, width, device)
-    pack.pack(got, logits.to(device), None, ends.to(device), local_topk=n, max_local_len=width,
+    scratch, arrivals = pack.scratch_for(2, m, width, device)
+    pack.pack(got, logits.to(device), None, ends.to(device), local_topk=m, max_local_len=width,
               scratch=(scratch, arrivals))
     assert torch.equal(got.cpu(), want)
     listed = scratch[:, spread.HEADER.value + 1: spread.HEADER.value + 4 * 4: 4].sum(dim=1)
@@ -487,7 +489,7 @@ def test_plan_sizes_the_room_and_the_scratch():
             p = spread.plan(n, width)
             assert p.room & (p.room - 1) == 0 and 512 <= p.room <= spread.MAX_ROOM, (n, width, p)
             assert p.groups & (p.groups - 1) == 0 and p.groups <= spread.MAX_GROUPS, (n, width, p)
-            rank = max(1.0, min(spread.SAMPLE_RANK.value, n * 8 * p.groups / width))
+            rank = max(1.0, min(spread.SAMPLE_RANK.value, n * spread.GROUP.value * p.groups / width))
             assert min(2 * spread.expected_candidates(n, rank), spread.MAX_ROOM) <= p.room, (n, width, p)
             assert p.scratch_words <= widest.scratch_words, (n, width)
     assert spread.plan(384, 16384).room == 2048
