@@ -101,27 +101,22 @@ def _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_ro
 
 
 @triton.jit
-def _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, KEYS: tl.constexpr,
-                       LIST: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
-                       WORLD: tl.constexpr, WORLD_P2: tl.constexpr, INTERLEAVE: tl.constexpr,
-                       GID_BITS: tl.constexpr):
+def _gather_candidates(seen, selected_row, row, mask, kappa, recv_ptr, KEYS: tl.constexpr, LIST: tl.constexpr,
+                       PLANES: tl.constexpr, SLOTS: tl.constexpr, WORLD: tl.constexpr, WORLD_P2: tl.constexpr,
+                       INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
     """The rescue's candidates >= kappa, in candidate order (rank by rank:
     a saturated rank's pushed list, another's round-1 words), into
     ``selected_row`` (its first KEYS); returns how many there are. The
     top-K lies among them: round 1 selected K keys >= kappa, and every one
-    is in the union (a saturated rank's N words are in its list). The
-    unsaturated ranks' words are read as one tile, as the select reads
-    them, and each saturated rank's list as one more, so that a row waits
-    on one load per saturated rank and one for the rest, not on one per
-    rank."""
-    words: tl.constexpr = N + PLANES * (N // 32)
+    is in the union (a saturated rank's N words are in its list). ``seen``:
+    every rank's round-1 keys as one tile [WORLD_P2, N_P2], decoded as the
+    select decodes them; each saturated rank's list is read as one more
+    tile, so that a row waits on one load per saturated rank and one for
+    the rest, not on one per rank."""
     list_words: tl.constexpr = LIST + PLANES * (LIST // 32)
     sender = tl.arange(0, WORLD_P2)
     saturated = ((mask >> sender) & 1) != 0
-    owner = sender[:, None]
-    slot = tl.arange(0, power_of_2(N))[None, :]
-    seen = decode_keys(gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD), slot, owner,
-                       (owner < WORLD) & (slot < N) & ~saturated[:, None], N, PLANES, WORLD, INTERLEAVE, GID_BITS)
+    seen = tl.where(saturated[:, None], 0, seen)
     taken = ((seen >= kappa) & (seen != 0)).to(tl.int32)
     counts = tl.sum(taken, axis=1)  # per rank; a saturated rank's are added as its list is placed
     list_slot = tl.arange(0, power_of_2(LIST))
@@ -163,13 +158,20 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
     mask = sat >> SAT_MASK_SHIFT
     ok = True
     if mask != 0:
+        # The round-1 rows were acquired by the select's wait (an earlier
+        # kernel): their load overlaps the wait for the pushed lists.
+        words: tl.constexpr = N + PLANES * (N // 32)
+        owner = tl.arange(0, WORLD_P2)[:, None]
+        seen_slot = tl.arange(0, power_of_2(N))[None, :]
+        seen = decode_keys(gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD), seen_slot, owner,
+                           (owner < WORLD) & (seen_slot < N), N, PLANES, WORLD, INTERLEAVE, GID_BITS)
         ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD,
                        WORLD_P2)
         if ok:
             kappa = sat & SAT_KAPPA_MASK
             selected_row = selected_ptr + row * KEYS
-            count = _gather_candidates(selected_row, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, KEYS,
-                                       LIST, N, PLANES, SLOTS, WORLD, WORLD_P2, INTERLEAVE, GID_BITS)
+            count = _gather_candidates(seen, selected_row, row, mask, kappa, recv_ptr, KEYS, LIST, PLANES, SLOTS,
+                                       WORLD, WORLD_P2, INTERLEAVE, GID_BITS)
             tl.debug_barrier()  # the block's stores are seen by all its threads
             if count <= KEYS:
                 slot = tl.arange(0, KEYS)
