@@ -37,6 +37,18 @@ def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr,
     return ok
 
 
+@triton.jit
+def _round1_keys(gather_ptr, row, epoch, max_rows, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
+                 WORLD_P2: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
+    """Every rank's round-1 keys of ``row`` as one tile [WORLD_P2, N
+    rounded up to a power of 2] (0 = empty), rank q's in row q."""
+    words: tl.constexpr = N + PLANES * (N // 32)
+    slot = tl.arange(0, power_of_2(N))[None, :]
+    owner = tl.arange(0, WORLD_P2)[:, None]
+    return decode_keys(gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD), slot, owner,
+                       (owner < WORLD) & (slot < N), N, PLANES, WORLD, INTERLEAVE, GID_BITS)
+
+
 # The sizes of the rows output are kernel arguments of their own, never
 # specialised on (a block table's shape changes with the batch), so that no
 # batch compiles a variant of its own; Triton specialises inside tuples.
@@ -47,7 +59,7 @@ OUTPUT_SIZES = ["table_stride", "num_reqs", "num_blocks", "block_size", "stride_
 def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, waits, sat_ptr,
                   selected_ptr, ties_ptr, gather_ptr, epochs_ptr, max_rows, rank,
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
-                  WORLD_P2: tl.constexpr, N_P2: tl.constexpr, KEYS: tl.constexpr, INTERLEAVE: tl.constexpr,
+                  WORLD_P2: tl.constexpr, KEYS: tl.constexpr, INTERLEAVE: tl.constexpr,
                   GID_BITS: tl.constexpr,
                   EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
     """``outputs`` and the sizes after it: as ``output_args`` builds them;
@@ -57,15 +69,10 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
     sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
     flags_ptr, status_ptr, max_spins = waits
     row = tl.program_id(0).to(tl.int64)
-    words: tl.constexpr = N + PLANES * (N // 32)
     epoch = call_epoch(epochs_ptr, row)
     if _wait_all(flags_ptr, (1 << WORLD) - 1, row, epoch, max_rows, max_spins, status_ptr, WORLD, WORLD_P2):
         sender = tl.arange(0, WORLD_P2)
-        slot = tl.arange(0, N_P2)[None, :]
-        owner = sender[:, None]
-        base = gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD)
-        keys = decode_keys(base, slot, owner, (owner < WORLD) & (slot < N), N, PLANES, WORLD,
-                           INTERLEAVE, GID_BITS)
+        keys = _round1_keys(gather_ptr, row, epoch, max_rows, N, PLANES, WORLD, WORLD_P2, INTERLEAVE, GID_BITS)
         kappa, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
         emit_selected(keys, kappa, selected, row, outputs, sizes, rank, selected_ptr + row * KEYS, TOPK, WORLD,
                       INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
@@ -109,10 +116,9 @@ def _gather_candidates(seen, selected_row, row, mask, kappa, recv_ptr, KEYS: tl.
     ``selected_row`` (its first KEYS); returns how many there are. The
     top-K lies among them: round 1 selected K keys >= kappa, and every one
     is in the union (a saturated rank's N words are in its list). ``seen``:
-    every rank's round-1 keys as one tile [WORLD_P2, N_P2], decoded as the
-    select decodes them; each saturated rank's list is read as one more
-    tile, so that a row waits on one load per saturated rank and one for
-    the rest, not on one per rank."""
+    ``_round1_keys``, as the select reads them; each saturated rank's list
+    is read as one more tile, so that a row waits on one load per saturated
+    rank and one for the rest, not on one per rank."""
     list_words: tl.constexpr = LIST + PLANES * (LIST // 32)
     sender = tl.arange(0, WORLD_P2)
     saturated = ((mask >> sender) & 1) != 0
@@ -160,11 +166,7 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
     if mask != 0:
         # The round-1 rows were acquired by the select's wait (an earlier
         # kernel): their load overlaps the wait for the pushed lists.
-        words: tl.constexpr = N + PLANES * (N // 32)
-        owner = tl.arange(0, WORLD_P2)[:, None]
-        seen_slot = tl.arange(0, power_of_2(N))[None, :]
-        seen = decode_keys(gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD), seen_slot, owner,
-                           (owner < WORLD) & (seen_slot < N), N, PLANES, WORLD, INTERLEAVE, GID_BITS)
+        seen = _round1_keys(gather_ptr, row, epoch, max_rows, N, PLANES, WORLD, WORLD_P2, INTERLEAVE, GID_BITS)
         ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD,
                        WORLD_P2)
         if ok:
@@ -280,7 +282,7 @@ def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
                   (*output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
                    max_rows, rank),
                   dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=power_of_2(world_size),
-                       N_P2=power_of_2(local_topk), KEYS=rescue_keys(topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
+                       KEYS=rescue_keys(topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
                        **_emits(ids, rows, sorted), PDL=pdl), SELECT_WARPS)
 
 
