@@ -21,7 +21,7 @@ from . import spread
 from .keys import is_nan_bits, ord16, packed_word, score_bits
 from .launch import Launch
 from .rows import (above_and_ties, any_width, bisected_threshold, kept_slots, line_positions, publish_row,
-                   row_target, row_window, token_ord16, zero_row_from)
+                   list_floor, row_target, row_window, token_ord16, zero_row_from)
 from .sync import after_prior_kernel
 
 SHORT_ROWS = 16384  # calls this wide or narrower: a program a row (``row_kernel``); at most 2^14 (its scan)
@@ -30,7 +30,7 @@ ROW_WARPS = 16  # 32 tokens a thread: the merge's fastest on the H200 (docs/perf
 
 @any_width
 def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
-               LIST: tl.constexpr, ROW: tl.constexpr,
+               LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, ROW: tl.constexpr,
                WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """The whole local top-N of a short row (ROW tokens, a power of 2 up to
     SHORT_ROWS) in one program: the row held in registers as lines of 8
@@ -49,7 +49,18 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
         local = tl.arange(0, ROW // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]  # 8 adjacent tokens a thread
         inside = (local >= start) & (local < end)
         score = token_ord16(tl.load(logits_ptr + row * logits_stride + local, mask=inside, other=float("nan")))
-        counts = above_and_ties(score, bisected_threshold(score, N, 0, 0xFFFF))
+        if LIST:
+            # A pushed list holds only tokens at or above kappa's level: when
+            # at most N are, they are the list, and no count picks them.
+            floor = list_floor(sat_ptr, row, KAPPA_SHIFT)
+            score = tl.where(score >= floor, score, 0)
+            valid = tl.sum(tl.sum((score != 0).to(tl.int32), axis=1), axis=0)
+            threshold = tl.zeros((), dtype=tl.int32)
+            if valid > N:
+                threshold = bisected_threshold(score, N, floor, 0xFFFF)
+        else:
+            threshold = bisected_threshold(score, N, 0, 0xFFFF)
+        counts = above_and_ties(score, threshold)
         slot, keep, kept = kept_slots(counts, line_positions(counts), tl.sum(tl.sum(counts, axis=1), axis=0), N)
         out_row = out_ptr + offset
         tl.store(out_row + slot, packed_word(score, local), mask=keep)
@@ -78,6 +89,7 @@ class Publish:
     world_size: int
     sat: torch.Tensor | None = None
     list_slots: int = 0
+    gid_bits: int = 0
     library_peers: int = 0
 
 
@@ -100,7 +112,8 @@ def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, s
     rows_arg = (logits, row_starts, row_ends, pub.sat if listing else row_ends, logits.stride(0), scratch.stride(0),
                 pub.rank)
     peers_arg = (arrivals, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, pub.max_rows)
-    target = dict(N=n, PLANES=_planes(words, n), SLOTS=max(pub.list_slots, 1), LIST=listing, PDL=pdl)
+    target = dict(N=n, PLANES=_planes(words, n), SLOTS=max(pub.list_slots, 1), LIST=listing,
+                  KAPPA_SHIFT=pub.gid_bits if listing else 0, PDL=pdl)
     peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers)
     if limit <= SHORT_ROWS:
         row = max(triton.next_power_of_2(min(max_local_len, SHORT_ROWS)), 1024)

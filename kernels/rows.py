@@ -9,7 +9,8 @@ import triton
 import triton.language as tl
 
 from .exchange import call_epoch, push_list, push_row
-from .keys import MAX_PEERS, SAT_MASK_SHIFT, is_nan_bits, ord16, packed_word, score16_bits
+from .keys import (LOW_BITS, MAX_PEERS, SAT_KAPPA_MASK, SAT_MASK_SHIFT, is_nan_bits, ord16, packed_word, power_of_2,
+                   score16_bits)
 
 
 # Kernels that take the call's row width never specialise on it (Triton
@@ -66,6 +67,13 @@ def row_target(row, sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIS
         return ((mask >> rank) & 1) != 0, (row * SLOTS + slot) * WORDS
     else:
         return True, row * WORDS
+
+
+@triton.jit
+def list_floor(sat_ptr, row, KAPPA_SHIFT: tl.constexpr):
+    """The lowest ord16 a pushed list of ``row`` holds: kappa's score
+    (``format.list_floor``)."""
+    return ((tl.load(sat_ptr + row) & SAT_KAPPA_MASK) >> KAPPA_SHIFT).to(tl.int32)
 
 
 # ----------------------------------------------- thresholds and compaction
@@ -152,6 +160,36 @@ def zero_row_from(out_row, first, WORDS: tl.constexpr, CHUNK: tl.constexpr):
     for start in tl.range(0, WORDS, CHUNK):
         offs = start + tl.arange(0, CHUNK)
         tl.store(out_row + offs, tl.zeros((CHUNK,), dtype=tl.int32), mask=(offs >= first) & (offs < WORDS))
+
+
+@triton.jit
+def trim_list(out_row, floor, N: tl.constexpr, PLANES: tl.constexpr):
+    """Drops the words of a finished packed row (N candidates, PLANES
+    planes) whose ord16 is below ``floor``, the others compacted in order:
+    the top-N of the whole row becomes the top-N of its tokens at or above
+    the floor (every one of those is in it when fewer than N are)."""
+    tl.debug_barrier()  # the whole row is written before any thread reads it
+    slot = tl.arange(0, power_of_2(N))
+    inside = slot < N
+    word = tl.load(out_row + slot, mask=inside, other=0)
+    keep = (word != 0) & (((word >> LOW_BITS) & 0xFFFF) >= floor)
+    kept = tl.sum(keep.to(tl.int32), axis=0)
+    if kept < tl.sum((word != 0).to(tl.int32), axis=0):
+        pos = tl.cumsum(keep.to(tl.int32), axis=0) - keep.to(tl.int32)
+        high = tl.zeros_like(word)  # the local id's bits above 16, plane p at bit p
+        for p in tl.static_range(PLANES):
+            plane = tl.load(out_row + N + p * (N // 32) + slot // 32, mask=inside, other=0)
+            high |= ((plane >> (slot % 32)) & 1) << p
+        tl.debug_barrier()  # every thread has read the row
+        tl.store(out_row + pos, word, mask=keep)  # kept words land at or before their slot
+        tl.store(out_row + slot, tl.zeros_like(word), mask=inside & (slot >= kept))
+        for p in tl.static_range(PLANES):
+            tl.store(out_row + N + p * (N // 32) + slot, tl.zeros_like(word), mask=slot < N // 32)
+        tl.debug_barrier()  # the planes are zero before their bits are set again
+        for p in tl.static_range(PLANES):
+            bit = (high >> p) & 1
+            tl.atomic_or(out_row + N + p * (N // 32) + pos // 32, bit << (pos % 32), mask=keep & (bit != 0),
+                         sem="relaxed")
 
 
 # -------------------------------------------------------------- publishing

@@ -42,7 +42,8 @@ import triton.language as tl
 from .keys import MIN_VALID, is_nan_bits, near_bin, ord16, packed_word, radix_boundary, score16_bits
 from .launch import Launch
 from .rows import (any_width, bisected_threshold, above_and_ties, kept_slots, line_positions, load_tokens,
-                   publish_row, row_target, row_window, store_words, token_ord16, zero_row_from)
+                   list_floor, publish_row, row_target, row_window, store_words, token_ord16, trim_list,
+                   zero_row_from)
 from .sync import after_prior_kernel, last_to_arrive
 
 BLOCK = tl.constexpr(4096)  # tokens a filter program reads; a power of two up to 2^16 (words carry 16 id bits)
@@ -660,18 +661,32 @@ def _select_listed(out_row, regions, listed, floor, N: tl.constexpr, PLANES: tl.
 
 
 @triton.jit
-def _publish_when_last(out_ptr, offset, row, spans, peers, rank, WORDS: tl.constexpr, WORLD: tl.constexpr,
-                       LIST: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
-    """``publish_row`` by the last of the row's ``spans`` programs to finish it."""
+def _publish(out_ptr, offset, row, peers, rows, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
+             LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
+    """``publish_row`` of a finished row; a pushed list first loses its
+    tokens below kappa's score (``trim_list``: the pipeline selects from
+    the whole row, the row kernel from the tokens at or above it)."""
+    sat_ptr, rank = rows[3], rows[6]
+    if LIST:
+        trim_list(out_ptr + offset, list_floor(sat_ptr, row, KAPPA_SHIFT), N, PLANES)
+    publish_row(out_ptr, offset, row, peers, rank, N + PLANES * (N // 32), WORLD, LIST, LIBRARY_PEERS)
+
+
+@triton.jit
+def _publish_when_last(out_ptr, offset, row, spans, peers, rows, N: tl.constexpr, PLANES: tl.constexpr,
+                       WORLD: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr,
+                       LIBRARY_PEERS: tl.constexpr):
+    """``_publish`` by the last of the row's ``spans`` programs to finish it."""
     if WORLD > 0:
         if last_to_arrive(peers[0] + row, spans):
-            publish_row(out_ptr, offset, row, peers, rank, WORDS, WORLD, LIST, LIBRARY_PEERS)
+            _publish(out_ptr, offset, row, peers, rows, N, PLANES, WORLD, LIST, KAPPA_SHIFT, LIBRARY_PEERS)
 
 
 @any_width
 def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
-                  SLOTS: tl.constexpr, LIST: tl.constexpr, REGION: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                  HISTOGRAMS_AT: tl.constexpr, REGIONS_AT: tl.constexpr, ROOM: tl.constexpr, SPAN: tl.constexpr,
+                  SLOTS: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, REGION: tl.constexpr,
+                  BLOCKS_P2: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, REGIONS_AT: tl.constexpr, ROOM: tl.constexpr,
+                  SPAN: tl.constexpr,
                   WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Settles the row from the filter's counts: the first span selects from
     the candidates, every block with tokens to keep writes them, or every
@@ -693,7 +708,7 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
             if span == 0:
                 _select_listed(out_ptr + offset, scratch + REGIONS_AT, listed, tl.load(scratch + FLOOR), N, PLANES,
                                BLOCKS_P2, REGION, ROOM)
-                publish_row(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
+                _publish(out_ptr, offset, row, peers, rows, N, PLANES, WORLD, LIST, KAPPA_SHIFT, LIBRARY_PEERS)
         elif mode == EXACT:
             b = tl.arange(0, BLOCKS_P2)
             take = tl.minimum(tl.maximum(quota - (tl.cumsum(equal, axis=0) - equal), 0), equal)
@@ -706,7 +721,8 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
                 _write_counted_span(out_ptr + offset, scratch + REGIONS_AT, logits_ptr, row, logits_stride, span,
                                     blocks, window, threshold, quota, (kept, equal, copied), N, PLANES, BLOCKS_P2,
                                     REGION, SPAN)
-            _publish_when_last(out_ptr, offset, row, spans, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
+            _publish_when_last(out_ptr, offset, row, spans, peers, rows, N, PLANES, WORLD, LIST, KAPPA_SHIFT,
+                               LIBRARY_PEERS)
         else:
             _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, window, 0, 0,
                             False, SPAN)
@@ -763,8 +779,9 @@ def radix_low_kernel(scratch_ptr, rows, width_limit, N: tl.constexpr, LIST: tl.c
 
 @any_width
 def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
-                       SLOTS: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr,
-                       WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+                       SLOTS: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr,
+                       HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr, WORLD: tl.constexpr,
+                       LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
     """Radix rows: the threshold from the two byte histograms, each span's
     tokens above it and tied with it from its own, then its kept tokens."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
@@ -795,7 +812,8 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.con
                         tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
                         row_window(row_starts_ptr, row_ends_ptr, row, width_limit), high * 256 + low, quota, start,
                         ties_before, N, PLANES, SPAN)
-            _publish_when_last(out_ptr, offset, row, spans, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
+            _publish_when_last(out_ptr, offset, row, spans, peers, rows, N, PLANES, WORLD, LIST, KAPPA_SHIFT,
+                               LIBRARY_PEERS)
 
 
 # ---------------------------------------------------------------- launcher

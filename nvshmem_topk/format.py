@@ -204,3 +204,10 @@ def sat_mask(sat: torch.Tensor) -> torch.Tensor:
 
 def sat_kappa(sat: torch.Tensor) -> torch.Tensor:
     return sat & SAT_KAPPA_MASK
+
+
+def list_floor(sat: torch.Tensor, gid_bits: int) -> torch.Tensor:
+    """The lowest ord16 a saturated rank's pushed list holds: kappa's score.
+    No token below it can be selected (its key is below kappa), so the list
+    is the local top-L of the tokens at or above it."""
+    return sat_kappa(sat) >> gid_bits

@@ -145,7 +145,8 @@ class ReferenceBackend:
         mine = ((mask >> ws.rank) & 1).nonzero().flatten()
         if mine.numel():
             starts = None if row_starts is None else row_starts[mine]
-            pushed = reference.pack(logits[mine], row_ends[mine], ws.list_len, ws.max_local_len, starts)
+            pushed = reference.pack(logits[mine], row_ends[mine], ws.list_len, ws.max_local_len, starts,
+                                    fmt.list_floor(sat[mine], ws.gid_bits))
             slot = reference.rescue_slot(mask[mine], ws.rank)
             for peer_recv, peer_flags in zip(ws.recv.peers, ws.flags.peers):
                 peer_recv[mine, slot] = pushed
@@ -258,7 +259,8 @@ class TritonBackend:
         select.select(**cls._common(ws, rows, out))
         if ws.slots and rows:
             push = pack.Publish(ws.epochs, ws.recv.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
-                                ws.world_size, sat=ws.sat, list_slots=ws.slots, library_peers=ws.library_peers)
+                                ws.world_size, sat=ws.sat, list_slots=ws.slots, gid_bits=ws.gid_bits,
+                                library_peers=ws.library_peers)
             starts = row_starts[:rows] if row_starts is not None else None
             pack.select_local(ws.recv.local, logits[:rows], starts, row_ends[:rows], n=ws.list_len,
                               max_local_len=ws.max_local_len, scratch=ws.scratch, arrivals=ws.arrivals,

@@ -38,20 +38,23 @@ def row_window(row_starts: torch.Tensor | None, row_ends: torch.Tensor, limit: i
 
 def local_topk_indices(
     logits: torch.Tensor, row_ends: torch.Tensor, k: int, max_local_len: int,
-    row_starts: torch.Tensor | None = None,
+    row_starts: torch.Tensor | None = None, floor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Local top-``k`` by (score desc, local id asc).
 
     logits: [T, S] bf16 or fp16 (or fp32, rounded to bf16); row_ends and
     row_starts: [T] int32 or int64 (no starts: 0). Token l of row t is valid
-    iff row_starts[t] <= l < min(row_ends[t], S, max_local_len) and its
-    score is not NaN. Returns [T, k] int64 local ids in ascending order,
-    then -1 (rows with fewer than k valid tokens)."""
+    iff row_starts[t] <= l < min(row_ends[t], S, max_local_len), its score
+    is not NaN and its ord16 is at least floor[t] ([T] int, None: 0).
+    Returns [T, k] int64 local ids in ascending order, then -1 (rows with
+    fewer than k valid tokens)."""
     rows, width = logits.shape
     bits = fmt.score16_bits(logits)
     local = torch.arange(width, device=logits.device)
     start, end = row_window(row_starts, row_ends, min(width, max_local_len))
     valid = (local >= start[:, None]) & (local < end[:, None]) & ~fmt.is_nan_bits(bits)
+    if floor is not None:
+        valid &= fmt.ord16(bits) >= floor[:, None]
     keys = torch.where(valid, fmt.local_key(fmt.ord16(bits), local), 0)
     top, idx = keys.topk(min(k, width), dim=1)
     idx = torch.where(top > 0, idx, width).sort(dim=1).values
@@ -82,13 +85,13 @@ def pack_indices(
 
 def pack(
     logits: torch.Tensor, row_ends: torch.Tensor, local_topk: int, max_local_len: int,
-    row_starts: torch.Tensor | None = None,
+    row_starts: torch.Tensor | None = None, floor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Round-1 packed rows ``[T, packed_row_words(N, P)]`` int32: the local
     top-N in ascending local id order, empty slots (0) last. With
-    ``local_topk = format.list_len(K)`` this is the list a saturated rank
-    pushes."""
-    idx = local_topk_indices(logits, row_ends, local_topk, max_local_len, row_starts)
+    ``local_topk = format.list_len(K)`` and ``floor = format.list_floor``
+    this is the list a saturated rank pushes."""
+    idx = local_topk_indices(logits, row_ends, local_topk, max_local_len, row_starts, floor)
     return pack_indices(logits, idx, row_ends, max_local_len, row_starts)
 
 

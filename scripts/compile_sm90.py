@@ -83,7 +83,7 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
         out = torch.zeros(rows, fmt.packed_row_words(n, planes), **i32)
         scratch, arrivals = pack.scratch_for(rows, n, width, "cpu")
         publish = pack.Publish(epochs, ptrs, ptrs, pes, max_rows, 0, world_size, sat=sat, list_slots=list_slots,
-                               library_peers=library_peers if list_slots else 0)
+                               gid_bits=gid_bits if list_slots else 0, library_peers=library_peers if list_slots else 0)
         for call_width in TritonBackend.compiled_widths(width):  # each width class of the pack
             yield from pack.pipeline(out, logits[:, :call_width], starts, ends, n=n, max_local_len=width,
                                      scratch=scratch, arrivals=arrivals, publish=publish, pdl=True)

@@ -260,6 +260,61 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     assert ((listed > full.room // 2) & (scratch[:, spread.MODE.value] == spread.LISTED.value)).all(), listed
 
 
+def _pushed_list(logits, floors, n, max_local_len, device):
+    """``pack.select_local``'s pushed list of every row of ``logits`` (rank
+    0 of 1, saturated everywhere, kappa at score ``floors``), and the
+    reference's."""
+    from nvshmem_topk import format as fmt, reference
+    from nvshmem_topk.kernels import pack
+
+    rows = logits.shape[0]
+    gid_bits = fmt.global_id_bits(1, 1, max_local_len)
+    sat = fmt.sat_word(torch.ones(rows, dtype=torch.int64), floors.long() << gid_bits | 5)
+    ends = torch.full((rows,), logits.shape[1], dtype=torch.int32)
+    want = reference.pack(logits, ends, n, max_local_len, None, fmt.list_floor(sat, gid_bits))
+    recv = torch.full((rows, 1, want.shape[1]), 123, dtype=torch.int32, device=device)
+    flags = torch.zeros(2 * rows, dtype=torch.int32, device=device)
+    def address(buffer):
+        return torch.tensor([buffer.data_ptr()], device=device)
+
+    publish = pack.Publish(torch.zeros(rows, dtype=torch.int32, device=device), address(recv), address(flags),
+                           torch.zeros(1, dtype=torch.int32, device=device), rows, 0, 1, sat=sat.to(device),
+                           list_slots=1, gid_bits=gid_bits)
+    scratch, arrivals = pack.scratch_for(rows, n, max_local_len, device)
+    pack.select_local(recv, logits.to(device), None, ends.to(device), n=n, max_local_len=max_local_len,
+                      scratch=scratch, arrivals=arrivals, publish=publish)
+    assert flags[rows:].tolist() == [1] * rows
+    return recv[:, 0].cpu(), want
+
+
+@needs_triton
+def test_a_pushed_list_holds_the_top_tokens_at_or_above_kappas_score(device, pack_kernels):
+    """A saturated rank's list is its top-L among the tokens whose score
+    reaches kappa's (``format.list_floor``): every one of them when fewer
+    than L do (the row kernel selects among them, the spread pipeline trims
+    its top-L of the row), its top-L when more do or kappa is 0; words
+    past a trim move with their plane bits (ids past 2^16)."""
+    from nvshmem_topk import format as fmt
+
+    gen = torch.Generator().manual_seed(23)
+    n = 64
+    logits = torch.randn(4, 3000, generator=gen).bfloat16()
+    ranked = fmt.ord16(fmt.score16_bits(logits)).sort(dim=1, descending=True).values
+    floors = torch.stack([ranked[0, 20], ranked[1, 200], torch.tensor(0), ranked[3, n - 1]])
+    got, want = _pushed_list(logits, floors, n, (1 << 17) + 5, device)
+    assert (want[0, :n] != 0).sum() < n and (want[1:, :n] != 0).all()
+    assert torch.equal(got, want)
+    if pack_kernels == "spread":
+        wide = torch.randn(1, (1 << 16) + 2000, generator=gen)
+        wide[0, 100:140] = 8.0 + torch.arange(40) / 16  # kept, before the ids past 2^16 move down
+        wide[0, -1000:-980] = 6.0 + torch.arange(20) / 16
+        wide = wide.bfloat16()
+        floor = fmt.ord16(fmt.score16_bits(torch.tensor([5.5]).bfloat16())).long()
+        got, want = _pushed_list(wide, floor, n, wide.shape[1], device)
+        assert want[0, n:].any() and (want[0, :n] != 0).sum() < n
+        assert torch.equal(got, want)
+
+
 @needs_triton
 def test_short_rows_of_a_wide_workspace_fill_every_word(device):
     """A call at most pack.SHORT_ROWS wide on a workspace planned for ids
