@@ -240,8 +240,8 @@ def power_of_2(n):
 
 
 @triton.jit
-def emit_selected(keys, kappa, count, row, outputs, sizes, rank, sort_row, TOPK: tl.constexpr, WORLD: tl.constexpr,
-                  INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
+def emit_selected(keys, kappa, count, row, outputs, sizes, rank, sort_row, keep_keys, TOPK: tl.constexpr,
+                  WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
                   EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr):
     """The keys >= kappa of a 2-D [ranks, slots] tensor in candidate order
     (``count`` of them, known to the caller): written as ids and/or this
@@ -250,17 +250,28 @@ def emit_selected(keys, kappa, count, row, outputs, sizes, rank, sort_row, TOPK:
     rounded up to a power of 2 of them, zeros after the last), which
     ``select.order_kernel`` then sorts and writes. A sort is a kernel of its
     own: inside the select and the rescue it cost each 5 to 13 s of
-    compilation."""
+    compilation. ``keep_keys``: store them there too when not SORTED (the
+    rescue starts from the select's keys)."""
     chosen = (keys >= kappa) & (keys != 0)
+    slot = flat_positions(chosen.to(tl.int32))
     if SORTED:
-        width: tl.constexpr = power_of_2(TOPK)
-        tl.debug_barrier()  # every thread has read the tile (the rescue's came from ``sort_row``)
-        tl.store(sort_row + flat_positions(chosen.to(tl.int32)), keys, mask=chosen)
-        slot = tl.arange(0, width)
-        tl.store(sort_row + slot, tl.zeros((width,), dtype=tl.int64), mask=slot >= count)
+        _store_keys(sort_row, keys, chosen, slot, count, TOPK)
     else:
-        write_outputs(keys, chosen, flat_positions(chosen.to(tl.int32)), count, row, outputs, sizes, rank, TOPK,
-                      WORLD, INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS)
+        write_outputs(keys, chosen, slot, count, row, outputs, sizes, rank, TOPK, WORLD, INTERLEAVE, GID_BITS,
+                      EMIT_IDS, EMIT_ROWS)
+        if keep_keys:
+            _store_keys(sort_row, keys, chosen, slot, count, TOPK)
+
+
+@triton.jit
+def _store_keys(row_ptr, keys, chosen, slot, count, TOPK: tl.constexpr):
+    """The ``count`` chosen keys at ``slot`` of ``row_ptr``, zeros after
+    them up to TOPK rounded up to a power of 2."""
+    width: tl.constexpr = power_of_2(TOPK)
+    tl.debug_barrier()  # every thread has read the tile (the rescue's came from ``row_ptr``)
+    tl.store(row_ptr + slot, keys, mask=chosen)
+    tail = tl.arange(0, width)
+    tl.store(row_ptr + tail, tl.zeros((width,), dtype=tl.int64), mask=tail >= count)
 
 
 @triton.jit

@@ -6,9 +6,10 @@ order and store the saturation state (a saturated rank's local top-K is
 then built and pushed by ``pack.select_local``, spread over the row).
 Rescue: rows with an empty mask cost one load; the others wait for the
 saturated ranks' lists and select again over {unsaturated words >= kappa}
-U {pushed lists}. Both emit through ``keys.emit_selected``, so equal
-candidate sets give bit-identical outputs; sorted outputs are written by
-``order_kernel`` after each of them. Bit-identical to
+U {pushed lists}, starting from the keys that the select kept. Both emit
+through ``keys.emit_selected``, so equal candidate sets give bit-identical
+outputs; sorted outputs are written by ``order_kernel`` after each of
+them. Bit-identical to
 ``reference.select`` / ``reference.rescue`` and the reference protocol."""
 
 import triton
@@ -74,14 +75,14 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
         sender = tl.arange(0, WORLD_P2)
         keys = _round1_keys(gather_ptr, row, epoch, max_rows, N, PLANES, WORLD, WORLD_P2, INTERLEAVE, GID_BITS)
         kappa, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
-        emit_selected(keys, kappa, selected, row, outputs, sizes, rank, selected_ptr + row * KEYS, TOPK, WORLD,
-                      INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
         # Saturated: all N words sent and the smallest >= kappa, that is all
         # N selected (empty slots and those past N never are): a count that
         # the emit also makes, in place of a minimum over the same tile.
         taken = tl.sum(((keys >= kappa) & (keys != 0)).to(tl.int32), axis=1)
         saturated = (taken == N) & (sender < WORLD)
         mask = tl.sum(tl.where(saturated, tl.full((WORLD_P2,), 1, tl.int64) << sender, 0), axis=0)
+        emit_selected(keys, kappa, selected, row, outputs, sizes, rank, selected_ptr + row * KEYS, mask != 0, TOPK,
+                      WORLD, INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
         tl.store(sat_ptr + row, (mask << SAT_MASK_SHIFT) | kappa)
 
 
@@ -108,37 +109,24 @@ def _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_ro
 
 
 @triton.jit
-def _gather_candidates(seen, selected_row, row, mask, kappa, recv_ptr, KEYS: tl.constexpr, LIST: tl.constexpr,
-                       PLANES: tl.constexpr, SLOTS: tl.constexpr, WORLD: tl.constexpr, WORLD_P2: tl.constexpr,
-                       INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
-    """The rescue's candidates >= kappa, in candidate order (rank by rank:
-    a saturated rank's pushed list, another's round-1 words), into
-    ``selected_row`` (its first KEYS); returns how many there are. The
-    top-K lies among them: round 1 selected K keys >= kappa, and every one
-    is in the union (a saturated rank's N words are in its list). ``seen``:
-    ``_round1_keys``, as the select reads them; each saturated rank's list
-    is read as one more tile, so that a row waits on one load per saturated
-    rank and one for the rest, not on one per rank."""
+def _append_lists(dest, row, mask, recv_ptr, ROOM: tl.constexpr, LIST: tl.constexpr, PLANES: tl.constexpr,
+                  SLOTS: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
+    """The saturated ranks' pushed lists as keys, rank by rank, into
+    ``dest`` (at most ROOM of them); returns how many keys they hold. A
+    list's words are a prefix of its slots (a packed row puts its empty
+    slots last), so each is stored where the last ended, with no scan."""
     list_words: tl.constexpr = LIST + PLANES * (LIST // 32)
-    sender = tl.arange(0, WORLD_P2)
-    saturated = ((mask >> sender) & 1) != 0
-    seen = tl.where(saturated[:, None], 0, seen)
-    taken = ((seen >= kappa) & (seen != 0)).to(tl.int32)
-    counts = tl.sum(taken, axis=1)  # per rank; a saturated rank's are added as its list is placed
-    list_slot = tl.arange(0, power_of_2(LIST))
+    slot = tl.arange(0, power_of_2(LIST))
+    listed = tl.zeros((), dtype=tl.int32)
     received = tl.zeros((), dtype=tl.int64)  # receive slot: the saturated ranks below
     for q in range(WORLD):
         if ((mask >> q) & 1) != 0:
-            pushed = decode_keys(recv_ptr + (row * SLOTS + received) * list_words, list_slot, q, list_slot < LIST,
-                                 LIST, PLANES, WORLD, INTERLEAVE, GID_BITS)
-            keep = ((pushed >= kappa) & (pushed != 0)).to(tl.int32)
-            pos = tl.sum(tl.where(sender < q, counts, 0), axis=0) + tl.cumsum(keep, axis=0) - keep
-            tl.store(selected_row + pos, pushed, mask=(keep != 0) & (pos < KEYS))
-            counts += tl.where(sender == q, tl.sum(keep, axis=0), 0)
+            keys = decode_keys(recv_ptr + (row * SLOTS + received) * list_words, slot, q, slot < LIST, LIST, PLANES,
+                               WORLD, INTERLEAVE, GID_BITS)
+            tl.store(dest + listed + slot, keys, mask=(keys != 0) & (listed + slot < ROOM))
+            listed += tl.sum((keys != 0).to(tl.int32), axis=0)
             received += 1
-    pos = (tl.cumsum(counts, axis=0) - counts)[:, None] + tl.cumsum(taken, axis=1) - taken
-    tl.store(selected_row + pos, seen, mask=(taken != 0) & (pos < KEYS))
-    return tl.sum(counts, axis=0)
+    return listed
 
 
 @triton.jit(do_not_specialize=OUTPUT_SIZES)
@@ -149,11 +137,14 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                   TILE: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
                   EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
-    """Rows with saturated ranks: the candidates >= kappa are compacted into
-    ``selected_ptr`` ([T, KEYS] int64 scratch) in candidate order and,
-    when at most KEYS, selected in registers as the select does (its
-    ``kth_largest`` and emit). More than KEYS (many saturated ranks): they
-    are streamed rank by rank in tiles instead, a radix select summed over
+    """Rows with saturated ranks. The select left its keys >= kappa in
+    candidate order in the row's ``selected_ptr`` ([T, KEYS] int64
+    scratch; TOPK rounded up to a power of 2 of them, zeros after): the
+    unsaturated ranks' round-1 words >= kappa are those not owned by a
+    saturated rank. The pushed lists are appended after them and, when they
+    fit KEYS, all are selected in registers as the select does (its
+    ``kth_largest`` and emit). Longer lists (many saturated ranks): the
+    candidates are streamed in tiles instead, a radix select summed over
     the tiles finds the K-th key, and the selected keys are compacted."""
     after_prior_kernel(PDL)
     sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
@@ -164,38 +155,44 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
     mask = sat >> SAT_MASK_SHIFT
     ok = True
     if mask != 0:
-        # The round-1 rows were acquired by the select's wait (an earlier
-        # kernel): their load overlaps the wait for the pushed lists.
-        seen = _round1_keys(gather_ptr, row, epoch, max_rows, N, PLANES, WORLD, WORLD_P2, INTERLEAVE, GID_BITS)
         ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD,
                        WORLD_P2)
         if ok:
             kappa = sat & SAT_KAPPA_MASK
             selected_row = selected_ptr + row * KEYS
-            count = _gather_candidates(seen, selected_row, row, mask, kappa, recv_ptr, KEYS, LIST, PLANES, SLOTS,
-                                       WORLD, WORLD_P2, INTERLEAVE, GID_BITS)
+            width: tl.constexpr = power_of_2(TOPK)
+            listed = _append_lists(selected_row + width, row, mask, recv_ptr, KEYS - width, LIST, PLANES, SLOTS,
+                                   WORLD, INTERLEAVE, GID_BITS)
             tl.debug_barrier()  # the block's stores are seen by all its threads
-            if count <= KEYS:
+            if listed <= KEYS - width:
                 slot = tl.arange(0, KEYS)
-                keys = tl.load(selected_row + slot, mask=slot < count, other=0)[None, :]
+                keys = tl.load(selected_row + slot, mask=slot < width + listed, other=0)
+                # The select's keys of a saturated rank are in its list too.
+                gid = (1 << GID_BITS) - 1 - (keys & ((1 << GID_BITS) - 1))
+                owner = (gid // INTERLEAVE) % WORLD
+                keys = tl.where((slot < width) & (((mask >> owner) & 1) != 0), 0, keys)[None, :]
                 kth, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
             else:
                 kth = _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, TOPK, LIST, N,
                                     PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
                 selected = tl.zeros((), dtype=tl.int32)
-                for q in range(WORLD):
-                    for start in range(0, max(N, LIST), TILE):
-                        tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows,
-                                            TILE, LIST, N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
-                        take = ((tile >= kth) & (tile != 0)).to(tl.int32)
-                        tl.store(selected_row + selected + tl.cumsum(take, axis=0) - take, tile, mask=take != 0)
-                        selected += tl.sum(take, axis=0)
+                for pushed in tl.static_range(2):  # candidate order: the round-1 words, then the lists
+                    for q in range(WORLD):
+                        if ((mask >> q) & 1) == pushed:
+                            for start in range(0, max(N, LIST), TILE):
+                                tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr,
+                                                    max_rows, TILE, LIST, N, PLANES, SLOTS, WORLD, INTERLEAVE,
+                                                    GID_BITS)
+                                take = ((tile >= kth) & (tile != 0)).to(tl.int32)
+                                tl.store(selected_row + selected + tl.cumsum(take, axis=0) - take, tile,
+                                         mask=take != 0)
+                                selected += tl.sum(take, axis=0)
                 tl.debug_barrier()
                 slot = tl.arange(0, KEYS)
                 keys = tl.load(selected_row + slot, mask=slot < selected, other=0)[None, :]
                 kth = tl.full((), 1, tl.int64)  # every key left is selected
-            emit_selected(keys, kth, selected, row, outputs, sizes, rank, selected_row, TOPK, WORLD, INTERLEAVE,
-                          GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
+            emit_selected(keys, kth, selected, row, outputs, sizes, rank, selected_row, False, TOPK, WORLD,
+                          INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
     if ok:
         tl.store(epochs_ptr + row, epoch)
 
@@ -276,8 +273,8 @@ def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
     """Round 1's select: ids and/or rows of every row and its saturation
     state (a saturated rank's pushed list is built afterwards, by
     ``pack.select_local``). ties: int64 [>= T, TIE_TILE] and selected:
-    int64 [>= T, rescue_keys(K)] scratch (the rescue's; the select sorts
-    through it)."""
+    int64 [>= T, rescue_keys(K)] scratch (the select sorts through it, and
+    leaves its keys there for the rescue on rows with saturated ranks)."""
     return Launch(select_kernel, (num_rows,),
                   (*output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
                    max_rows, rank),
@@ -290,8 +287,8 @@ RESCUE_TILE = 1024
 
 
 def rescue_keys(topk: int) -> int:
-    """Candidates the rescue selects in registers: one saturated rank's list
-    and the round-1 keys, (K - N) + K, fit twice K."""
+    """Candidates the rescue selects in registers: the select's keys (K
+    rounded up to a power of 2 slots), then the lists; one list fits."""
     return max(4096, power_of_2(2 * topk))
 
 

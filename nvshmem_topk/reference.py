@@ -10,8 +10,9 @@ Orders that the kernels reproduce:
   (``pack``), or in the caller's order with dropped slots left empty
   (``pack_indices``);
 - selected keys are listed in candidate order: rank by rank, each rank's
-  words in slot order (round 1), or, in the rescue, each rank's pushed list
-  when it was saturated and its round-1 words >= kappa otherwise.
+  words in slot order (round 1); in the rescue, the unsaturated ranks'
+  round-1 words >= kappa in that order, then the saturated ranks' pushed
+  lists, rank by rank.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def rescue(
     local_topk: int, world_size: int, interleave: int, max_local_len: int,
 ) -> torch.Tensor:
     """Second round: the top-K over {round-1 words of unsaturated ranks with
-    key >= kappa} U {the pushed lists of saturated ranks}.
+    key >= kappa} U {the pushed lists of saturated ranks}, in that order.
 
     gathered: [W, T, words] int32 round-1 rows; sat: [T] int64 saturation
     state; received: [T, K // N, packed_row_words(L, P)] int32 pushed lists,
@@ -195,7 +196,7 @@ def rescue(
     ) if received.shape[1] else torch.zeros(keys.shape[:2] + (listed,), dtype=torch.int64, device=keys.device)
     seen = torch.where(~saturated[..., None] & (keys >= kappa[:, None, None]), keys, 0)
     pushed = torch.where(saturated[..., None], pushed, 0)
-    selected, _ = top_keys(torch.cat([seen, pushed], dim=2).flatten(1), topk)
+    selected, _ = top_keys(torch.cat([seen.flatten(1), pushed.flatten(1)], dim=1), topk)
     return selected
 
 
