@@ -115,9 +115,10 @@ def dcp_topk_select(
     """Round 1 on this rank: wait for every rank's rows of this epoch, select
     the top-K of the W*N candidates into ``ids_out`` [T, K] int32 (-1
     padded) and/or ``rows``, record the saturation state and, if this rank
-    is saturated on a row, push its local top-K to every rank. Never waits
-    for a rescue. ``logits``/``row_ends``/``row_starts`` are this rank's
-    (re-read when saturated)."""
+    is saturated on a row, push its local top-K (those at or above kappa's
+    score) to every rank. Never waits for a rescue.
+    ``logits``/``row_ends``/``row_starts`` are this rank's (re-read when
+    saturated)."""
     ws, out = checks.check_stage(workspace, logits, row_ends, num_rows, ids_out, rows, sorted, row_starts)
     backend(ws.impl).select(ws, logits, row_ends, num_rows, out, row_starts)
 

@@ -72,10 +72,10 @@ def rescue_slots(topk: int, local_topk: int) -> int:
 
 
 def list_len(topk: int) -> int:
-    """Candidates of a saturated rank's pushed list: its local top-K, K
-    rounded up to a multiple of 32 (a bit-plane word holds 32 candidates'
-    bits). A superset of that rank's share of the top-K is all the rescue
-    needs."""
+    """Slots of a saturated rank's pushed list: its local top-K (of the
+    tokens at or above ``list_floor``), K rounded up to a multiple of 32 (a
+    bit-plane word holds 32 candidates' bits). A superset of that rank's
+    share of the top-K is all the rescue needs."""
     return round_up_to_warp(topk)
 
 

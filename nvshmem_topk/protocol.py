@@ -252,8 +252,9 @@ class TritonBackend:
     @classmethod
     def select(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs, row_starts=None) -> None:
         """The select, then, on the rows where this rank is saturated, its
-        local top-K into its receive slot on every rank (spread over the
-        row's blocks like the pack), and the rescue flags raised."""
+        list (``format.list_floor``) into its receive slot on every rank
+        (spread over the row's blocks like the pack), and the rescue flags
+        raised."""
         from .kernels import pack, select
 
         select.select(**cls._common(ws, rows, out))
