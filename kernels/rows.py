@@ -171,14 +171,14 @@ def trim_list(out_row, floor, N: tl.constexpr, PLANES: tl.constexpr):
     tl.debug_barrier()  # the whole row is written before any thread reads it
     slot = tl.arange(0, power_of_2(N))
     inside = slot < N
-    word = tl.load(out_row + slot, mask=inside, other=0)
+    word = tl.load(out_row + slot, mask=inside, other=0, cache_modifier=".cg")  # from L2: other programs wrote it
     keep = (word != 0) & (((word >> LOW_BITS) & 0xFFFF) >= floor)
     kept = tl.sum(keep.to(tl.int32), axis=0)
     if kept < tl.sum((word != 0).to(tl.int32), axis=0):
         pos = tl.cumsum(keep.to(tl.int32), axis=0) - keep.to(tl.int32)
         high = tl.zeros_like(word)  # the local id's bits above 16, plane p at bit p
         for p in tl.static_range(PLANES):
-            plane = tl.load(out_row + N + p * (N // 32) + slot // 32, mask=inside, other=0)
+            plane = tl.load(out_row + N + p * (N // 32) + slot // 32, mask=inside, other=0, cache_modifier=".cg")
             high |= ((plane >> (slot % 32)) & 1) << p
         tl.debug_barrier()  # every thread has read the row
         tl.store(out_row + pos, word, mask=keep)  # kept words land at or before their slot
