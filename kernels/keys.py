@@ -75,6 +75,18 @@ def decode_keys(row_ptr, slot, owner, present_mask, NUM: tl.constexpr, PLANES: t
 
 
 @triton.jit
+def key_gid(keys, GID_BITS: tl.constexpr):
+    """The global ids of non-zero ``keys`` (``format.key_to_global_id``)."""
+    return (1 << GID_BITS) - 1 - (keys & ((1 << GID_BITS) - 1))
+
+
+@triton.jit
+def owner_and_local(gid, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr):
+    """(rank, local id) of global ids ``gid`` (``format.owner_and_local``)."""
+    return (gid // INTERLEAVE) % WORLD, (gid // (INTERLEAVE * WORLD)) * INTERLEAVE + gid % INTERLEAVE
+
+
+@triton.jit
 def radix_digit_histogram(flat, prefix, shift):
     """Histogram of the 8-bit digit at ``shift`` of the non-zero keys of
     ``flat`` (1-D) whose higher digits equal those of ``prefix``."""
@@ -285,14 +297,13 @@ def write_outputs(keys, chosen, slot, count, row, outputs, sizes, rank, TOPK: tl
     rows_stride), as ``select.output_args`` builds them."""
     ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr = outputs
     table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride = sizes
-    gid = (1 << GID_BITS) - 1 - (keys & ((1 << GID_BITS) - 1))
+    gid = key_gid(keys, GID_BITS)
     if EMIT_IDS:
         ids_row = ids_ptr + row * TOPK
         tl.store(ids_row + slot, gid.to(tl.int32), mask=chosen)
         fill_tail(ids_row, count, TOPK)
     if EMIT_ROWS:
-        owner = (gid // INTERLEAVE) % WORLD
-        local = (gid // (INTERLEAVE * WORLD)) * INTERLEAVE + gid % INTERLEAVE
+        owner, local = owner_and_local(gid, WORLD, INTERLEAVE)
         block = local // block_size
         req = tl.load(req_ptr + row).to(tl.int64)
         keep = chosen & (owner == rank) & (block < num_blocks) & (req >= 0) & (req < num_reqs)

@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from .. import format as fmt
-from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, SCORE_BITS, TIE_TILE, decode_keys, emit_selected, kth_largest,
-                   power_of_2, radix_boundary, radix_digit_histogram, write_outputs)
+from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, SCORE_BITS, TIE_TILE, decode_keys, emit_selected, key_gid,
+                   kth_largest, owner_and_local, power_of_2, radix_boundary, radix_digit_histogram, write_outputs)
 from .exchange import call_epoch, gather_slot
 from .launch import Launch
 from .sync import after_prior_kernel, record_timeout, wait_flags_at_least
@@ -169,8 +169,7 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                 slot = tl.arange(0, KEYS)
                 keys = tl.load(selected_row + slot, mask=slot < width + listed, other=0)
                 # The select's keys of a saturated rank are in its list too.
-                gid = (1 << GID_BITS) - 1 - (keys & ((1 << GID_BITS) - 1))
-                owner = (gid // INTERLEAVE) % WORLD
+                owner, _ = owner_and_local(key_gid(keys, GID_BITS), WORLD, INTERLEAVE)
                 keys = tl.where((slot < width) & (((mask >> owner) & 1) != 0), 0, keys)[None, :]
                 kth, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
             else:
