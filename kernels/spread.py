@@ -661,25 +661,24 @@ def _select_listed(out_row, regions, listed, floor, N: tl.constexpr, PLANES: tl.
 
 
 @triton.jit
-def _publish(out_ptr, offset, row, peers, rows, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
-             LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
+def _publish(out_ptr, offset, row, peers, sat_ptr, rank, N: tl.constexpr, PLANES: tl.constexpr,
+             WORLD: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
     """``publish_row`` of a finished row; a pushed list first loses its
     tokens below kappa's score (``trim_list``: the pipeline selects from
     the whole row, the row kernel from the tokens at or above it)."""
-    sat_ptr, rank = rows[3], rows[6]
     if LIST:
         trim_list(out_ptr + offset, list_floor(sat_ptr, row, KAPPA_SHIFT), N, PLANES)
     publish_row(out_ptr, offset, row, peers, rank, N + PLANES * (N // 32), WORLD, LIST, LIBRARY_PEERS)
 
 
 @triton.jit
-def _publish_when_last(out_ptr, offset, row, spans, peers, rows, N: tl.constexpr, PLANES: tl.constexpr,
+def _publish_when_last(out_ptr, offset, row, spans, peers, sat_ptr, rank, N: tl.constexpr, PLANES: tl.constexpr,
                        WORLD: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr,
                        LIBRARY_PEERS: tl.constexpr):
     """``_publish`` by the last of the row's ``spans`` programs to finish it."""
     if WORLD > 0:
         if last_to_arrive(peers[0] + row, spans):
-            _publish(out_ptr, offset, row, peers, rows, N, PLANES, WORLD, LIST, KAPPA_SHIFT, LIBRARY_PEERS)
+            _publish(out_ptr, offset, row, peers, sat_ptr, rank, N, PLANES, WORLD, LIST, KAPPA_SHIFT, LIBRARY_PEERS)
 
 
 @any_width
@@ -708,7 +707,8 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
             if span == 0:
                 _select_listed(out_ptr + offset, scratch + REGIONS_AT, listed, tl.load(scratch + FLOOR), N, PLANES,
                                BLOCKS_P2, REGION, ROOM)
-                _publish(out_ptr, offset, row, peers, rows, N, PLANES, WORLD, LIST, KAPPA_SHIFT, LIBRARY_PEERS)
+                _publish(out_ptr, offset, row, peers, sat_ptr, rank, N, PLANES, WORLD, LIST, KAPPA_SHIFT,
+                         LIBRARY_PEERS)
         elif mode == EXACT:
             b = tl.arange(0, BLOCKS_P2)
             take = tl.minimum(tl.maximum(quota - (tl.cumsum(equal, axis=0) - equal), 0), equal)
@@ -721,8 +721,8 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
                 _write_counted_span(out_ptr + offset, scratch + REGIONS_AT, logits_ptr, row, logits_stride, span,
                                     blocks, window, threshold, quota, (kept, equal, copied), N, PLANES, BLOCKS_P2,
                                     REGION, SPAN)
-            _publish_when_last(out_ptr, offset, row, spans, peers, rows, N, PLANES, WORLD, LIST, KAPPA_SHIFT,
-                               LIBRARY_PEERS)
+            _publish_when_last(out_ptr, offset, row, spans, peers, sat_ptr, rank, N, PLANES, WORLD, LIST,
+                               KAPPA_SHIFT, LIBRARY_PEERS)
         else:
             _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, window, 0, 0,
                             False, SPAN)
@@ -812,8 +812,8 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.con
                         tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
                         row_window(row_starts_ptr, row_ends_ptr, row, width_limit), high * 256 + low, quota, start,
                         ties_before, N, PLANES, SPAN)
-            _publish_when_last(out_ptr, offset, row, spans, peers, rows, N, PLANES, WORLD, LIST, KAPPA_SHIFT,
-                               LIBRARY_PEERS)
+            _publish_when_last(out_ptr, offset, row, spans, peers, sat_ptr, rank, N, PLANES, WORLD, LIST,
+                               KAPPA_SHIFT, LIBRARY_PEERS)
 
 
 # ---------------------------------------------------------------- launcher
