@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from nvshmem_topk.kernels.keys import TIE_TILE, kth_largest, radix_boundary
-from nvshmem_topk.kernels.rows import bisected_threshold, load_tokens
+from nvshmem_topk.kernels.rows import bisected_threshold, load_tokens, trim_list
 from nvshmem_topk.kernels.spread import _block_pairs, _block_tokens, _filter_block, _filter_pairs, _score_floor
 
 
@@ -80,3 +80,11 @@ def kth_largest_kernel(out_ptr, ties_ptr, keys_ptr, k_ptr, ROWS: tl.constexpr, C
                                 ties_ptr + case * TIE_TILE)
     tl.store(out_ptr + 2 * case, kth)
     tl.store(out_ptr + 2 * case + 1, selected.to(tl.int64))
+
+
+@triton.jit
+def trim_list_kernel(rows_ptr, floor_ptr, N: tl.constexpr, PLANES: tl.constexpr):
+    """Per program: ``trim_list`` of packed row rows_ptr[case] (in place)
+    at floor_ptr[case]."""
+    case = tl.program_id(0).to(tl.int64)
+    trim_list(rows_ptr + case * (N + PLANES * (N // 32)), tl.load(floor_ptr + case), N, PLANES)

@@ -317,6 +317,36 @@ def test_a_pushed_list_holds_the_top_tokens_at_or_above_kappas_score(device, pac
 
 
 @needs_triton
+def test_trim_list_is_the_top_n_of_the_tokens_at_or_above_the_floor(device):
+    """``rows.trim_list`` of a packed top-n row equals the packed top-n of
+    the row's tokens at or above the floor, for floors from below every
+    token to above all of them, rows with fewer than n valid tokens, and
+    ids past 2^16 and 2^17 (two planes)."""
+    from kernel_probes import trim_list_kernel
+
+    from nvshmem_topk import format as fmt, reference
+
+    gen = torch.Generator().manual_seed(31)
+    n, rows, width = 64, 12, (1 << 17) + 900
+    logits = torch.randn(rows, width, generator=gen)
+    logits[:, torch.randint(0, width, (rows, 40), generator=gen)] += 4.0  # tops spread over every plane
+    logits = logits.bfloat16()
+    ends = torch.full((rows,), width, dtype=torch.int32)
+    ends[1] = 30  # fewer than n valid
+    ranked = fmt.ord16(fmt.score16_bits(logits)).sort(dim=1, descending=True).values
+    pick = torch.tensor([0, 0, 1, 5, 20, 40, 63, 64, 100, 0, 0, 0])
+    floors = ranked.gather(1, pick[:, None])[:, 0].long()
+    floors[0], floors[9], floors[10], floors[11] = 0, 1, 0xFFFF, ranked[11, 0] + 1
+    packed = reference.pack(logits, ends, n, width)
+    assert packed.shape[1] == fmt.packed_row_words(n, 2)
+    got = packed.clone().to(device)
+    trim_list_kernel[(rows,)](got, floors.int().to(device), N=n, PLANES=2)
+    want = reference.pack(logits, ends, n, width, None, floors)
+    assert torch.equal(got.cpu(), want)
+    assert (want[:, n:] != packed[:, n:]).any(), "some plane bits moved"
+
+
+@needs_triton
 def test_short_rows_of_a_wide_workspace_fill_every_word(device):
     """A call at most pack.SHORT_ROWS wide on a workspace planned for ids
     past 2^16 (bit planes): the short-row kernel writes every word of the
