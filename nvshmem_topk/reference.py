@@ -53,10 +53,11 @@ def local_topk_indices(
     bits = fmt.score16_bits(logits)
     local = torch.arange(width, device=logits.device)
     start, end = row_window(row_starts, row_ends, min(width, max_local_len))
+    score = fmt.ord16(bits)
     valid = (local >= start[:, None]) & (local < end[:, None]) & ~fmt.is_nan_bits(bits)
     if floor is not None:
-        valid &= fmt.ord16(bits) >= floor[:, None]
-    keys = torch.where(valid, fmt.local_key(fmt.ord16(bits), local), 0)
+        valid &= score >= floor[:, None]
+    keys = torch.where(valid, fmt.local_key(score, local), 0)
     top, idx = keys.topk(min(k, width), dim=1)
     idx = torch.where(top > 0, idx, width).sort(dim=1).values
     out = torch.full((rows, k), -1, dtype=torch.int64, device=logits.device)

@@ -275,6 +275,7 @@ def _pushed_list(logits, floors, n, max_local_len, device):
     want = reference.pack(logits, ends, n, max_local_len, None, fmt.list_floor(sat, gid_bits))
     recv = torch.full((rows, 1, want.shape[1]), 123, dtype=torch.int32, device=device)
     flags = torch.zeros(2 * rows, dtype=torch.int32, device=device)
+
     def address(buffer):
         return torch.tensor([buffer.data_ptr()], device=device)
 
