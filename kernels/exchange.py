@@ -5,7 +5,7 @@ address) get the row by an NVSHMEM put and the flag by an NVSHMEM atomic
 after a fence; the others through the peer address table. When every peer
 has an address, the pack's finish pushes its rows itself (``push_row``) and
 this kernel is not run; the select's saturated push uses the same two
-helpers (``store_to_peers``, ``release_peers``)."""
+helpers (``store_to_peers``, ``peer_flags`` and ``release_peers``)."""
 
 import triton
 import triton.language as tl
@@ -47,37 +47,46 @@ def store_to_peers(src, peer_ptrs, dest, skip, WORDS: tl.constexpr, WORLD: tl.co
 
 
 @triton.jit
-def release_peers(flag_ptrs, flag, epoch, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
-    """Raise flag word ``flag`` to ``epoch`` on every address peer."""
+def peer_flags(flag_ptrs, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
+    """(addresses, mask): the flag buffers of the address peers. Loaded
+    before a row is finished, so that its release does not wait for them."""
     q = tl.arange(0, MAX_PEERS)
     by_address = (q < WORLD) & (((LIBRARY_PEERS >> q) & 1) == 0)
-    peer_flags = tl.load(flag_ptrs + q, mask=by_address, other=0).to(tl.pointer_type(tl.int32))
-    release_flags(peer_flags + flag, epoch, by_address)
+    return tl.load(flag_ptrs + q, mask=by_address, other=0).to(tl.pointer_type(tl.int32)), by_address
 
 
 @triton.jit
-def push_row(row_ptr, row, epoch, gather_ptrs, flag_ptrs, max_rows, rank, WORDS: tl.constexpr, WORLD: tl.constexpr,
+def release_peers(flags, flag, epoch):
+    """Raise flag word ``flag`` to ``epoch`` on every address peer
+    (``flags``: as ``peer_flags`` gives them)."""
+    addresses, by_address = flags
+    release_flags(addresses + flag, epoch, by_address)
+
+
+@triton.jit
+def push_row(row_ptr, row, epoch, gather_ptrs, flags, max_rows, rank, WORDS: tl.constexpr, WORLD: tl.constexpr,
              BLOCK: tl.constexpr):
     """This rank's round-1 ``row`` (``row_ptr``) into its sender slot of
     every peer's gather buffer, then its flag raised there (all peers
-    reached by address)."""
+    reached by address; ``flags`` as ``peer_flags`` gives them)."""
     store_to_peers(row_ptr, gather_ptrs, gather_slot(row, epoch, max_rows, rank, WORDS, WORLD), -1, WORDS, WORLD, 0,
                    BLOCK)
-    release_peers(flag_ptrs, rank * max_rows + row, epoch, WORLD, 0)
+    release_peers(flags, rank * max_rows + row, epoch)
 
 
 @triton.jit
-def push_list(row_ptr, offset, row, rank, epoch, recv_ptrs, flag_ptrs, pes_ptr, max_rows, WORDS: tl.constexpr,
-              WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, BLOCK: tl.constexpr):
+def push_list(row_ptr, offset, row, rank, epoch, recv_ptrs, flag_ptrs, flags, pes_ptr, max_rows,
+              WORDS: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, BLOCK: tl.constexpr):
     """A saturated rank's pushed list of ``row`` (``row_ptr``, word
     ``offset`` of its own receive buffer) into the same slot of every
-    peer's, then its rescue flag of the row raised there."""
+    peer's, then its rescue flag of the row raised there (``flags``: the
+    address peers', as ``peer_flags`` gives them)."""
     store_to_peers(row_ptr, recv_ptrs, offset, rank, WORDS, WORLD, LIBRARY_PEERS, BLOCK)
     flag = (WORLD + rank) * max_rows + row
     if LIBRARY_PEERS != 0:  # the same slot of the symmetric receive buffer on those PEs
         nvshmem_device.put_then_flag(row_ptr.to(tl.int64), row_ptr.to(tl.int64), tl.full((), WORDS * 4, tl.int64),
                                      tl.load(flag_ptrs + rank) + flag * 4, epoch, pes_ptr, WORLD, LIBRARY_PEERS)
-    release_peers(flag_ptrs, flag, epoch, WORLD, LIBRARY_PEERS)
+    release_peers(flags, flag, epoch)
 
 
 @triton.jit
@@ -87,6 +96,7 @@ def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, pes_ptr, ma
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     epoch = call_epoch(epochs_ptr, row)
+    flags = peer_flags(flag_ptrs, WORLD, LIBRARY_PEERS)
     dest = gather_slot(row, epoch, max_rows, rank, WORDS, WORLD)
     store_to_peers(packed_ptr + row * WORDS, gather_ptrs, dest, -1, WORDS, WORLD, LIBRARY_PEERS, BLOCK)
     if LIBRARY_PEERS != 0:  # compile-time: the address-only kernel links nothing
@@ -94,7 +104,7 @@ def push_rows_kernel(packed_ptr, epochs_ptr, gather_ptrs, flag_ptrs, pes_ptr, ma
                                      tl.full((), WORDS * 4, tl.int64),
                                      tl.load(flag_ptrs + rank) + (rank * max_rows + row) * 4, epoch, pes_ptr,
                                      WORLD, LIBRARY_PEERS)
-    release_peers(flag_ptrs, rank * max_rows + row, epoch, WORLD, LIBRARY_PEERS)
+    release_peers(flags, rank * max_rows + row, epoch)
 
 
 def push_rows_launch(packed, epochs, gather_ptrs, flag_ptrs, pes, *, max_rows: int, rank: int, world_size: int,

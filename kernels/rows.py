@@ -8,7 +8,7 @@ dispatches between them."""
 import triton
 import triton.language as tl
 
-from .exchange import call_epoch, push_list, push_row
+from .exchange import call_epoch, peer_flags, push_list, push_row
 from .keys import (LOW_BITS, MAX_PEERS, SAT_KAPPA_MASK, SAT_MASK_SHIFT, is_nan_bits, ord16, packed_word, power_of_2,
                    score16_bits)
 
@@ -204,10 +204,13 @@ def publish_row(out_ptr, offset, row, peers, rank, WORDS: tl.constexpr, WORLD: t
     kernels take them."""
     if WORLD > 0:
         _, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows = peers
-        tl.debug_barrier()  # the whole row, plane bits included, is written before any thread reads it
+        # Loaded before the barrier: their latency overlaps it and the
+        # row's reload, and the release does not wait for them.
         epoch = call_epoch(epochs_ptr, row)
+        flags = peer_flags(flag_ptrs, WORLD, LIBRARY_PEERS)
+        tl.debug_barrier()  # the whole row, plane bits included, is written before any thread reads it
         if LIST:
-            push_list(out_ptr + offset, offset, row, rank, epoch, peer_ptrs, flag_ptrs, pes_ptr, max_rows, WORDS, WORLD,
-                      LIBRARY_PEERS, 1024)
+            push_list(out_ptr + offset, offset, row, rank, epoch, peer_ptrs, flag_ptrs, flags, pes_ptr, max_rows,
+                      WORDS, WORLD, LIBRARY_PEERS, 1024)
         else:
-            push_row(out_ptr + offset, row, epoch, peer_ptrs, flag_ptrs, max_rows, rank, WORDS, WORLD, 1024)
+            push_row(out_ptr + offset, row, epoch, peer_ptrs, flags, max_rows, rank, WORDS, WORLD, 1024)
