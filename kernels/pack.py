@@ -38,30 +38,38 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
     counts for any scores), then one scan in token order
     (``line_positions``) of ``above_and_ties`` places the kept ones; the
     rest of the packed row is zeroed (no id reaches 2^16: every plane bit is
-    0)."""
+    0). A pushed list's row is read before the prior kernel ends, up to the
+    call's width (its window is read after)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
-    after_prior_kernel(PDL)
     words: tl.constexpr = N + PLANES * (N // 32)
     row = tl.program_id(0).to(tl.int64)
+    local = tl.arange(0, ROW // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]  # 8 adjacent tokens a thread
+    row_ptrs = logits_ptr + row * logits_stride + local
+    if LIST:  # the scores were written before the pack, two kernels back: read while the select runs
+        x = tl.load(row_ptrs, mask=local < width_limit, other=float("nan"))
+    after_prior_kernel(PDL)
     active, offset = row_target(row, sat_ptr, rank, words, SLOTS, LIST)
     if active:
         start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
-        local = tl.arange(0, ROW // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]  # 8 adjacent tokens a thread
         inside = (local >= start) & (local < end)
-        score = token_ord16(tl.load(logits_ptr + row * logits_stride + local, mask=inside, other=float("nan")))
         if LIST:
             # A pushed list holds only tokens at or above kappa's level: when
             # at most N are, they are the list, and no count picks them.
             floor = list_floor(sat_ptr, row, KAPPA_SHIFT)
-            score = tl.where(score >= floor, score, 0)
+            score = token_ord16(x)
+            score = tl.where(inside & (score >= floor), score, 0)
             valid = tl.sum(tl.sum((score != 0).to(tl.int32), axis=1), axis=0)
             threshold = tl.zeros((), dtype=tl.int32)
+            totals = valid  # threshold 0: every valid token is above it
             if valid > N:
                 threshold = bisected_threshold(score, N, floor, 0xFFFF)
+                totals = tl.sum(tl.sum(above_and_ties(score, threshold), axis=1), axis=0)
+            counts = above_and_ties(score, threshold)
         else:
-            threshold = bisected_threshold(score, N, 0, 0xFFFF)
-        counts = above_and_ties(score, threshold)
-        slot, keep, kept = kept_slots(counts, line_positions(counts), tl.sum(tl.sum(counts, axis=1), axis=0), N)
+            score = token_ord16(tl.load(row_ptrs, mask=inside, other=float("nan")))
+            counts = above_and_ties(score, bisected_threshold(score, N, 0, 0xFFFF))
+            totals = tl.sum(tl.sum(counts, axis=1), axis=0)
+        slot, keep, kept = kept_slots(counts, line_positions(counts), totals, N)
         out_row = out_ptr + offset
         tl.store(out_row + slot, packed_word(score, local), mask=keep)
         zero_row_from(out_row, kept, words, 1024)
