@@ -184,8 +184,29 @@ def _gid_select(flat, present, prefix, need, fixed, DIGIT: tl.constexpr, BINS: t
     return tl.where(found != 0, found, prefix)
 
 
+ANCHOR_BINS = tl.constexpr(32)  # the rescue's levels above kappa's: a histogram's cost grows with its bins
+
+
 @triton.jit
-def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
+def _anchored_boundary(level, present, need, lowest):
+    """``near_boundary``'s (boundary level, known, fewer, above, in_bucket) when
+    every present ``level`` is at least ``lowest``: one histogram of how far
+    each lies above it, ANCHOR_BINS of them, the last gathering the rest; the
+    boundary is known unless it falls there, and then the histogram below the
+    top level decides, as it does without an anchor."""
+    hist = tl.histogram(tl.minimum(tl.maximum(level - lowest, 0), ANCHOR_BINS - 1), ANCHOR_BINS, mask=present)
+    bucket, above, in_bucket = radix_boundary(hist, need)
+    boundary = lowest + bucket
+    fewer = bucket < 0
+    known = ~fewer
+    if bucket == ANCHOR_BINS - 1:
+        boundary, bucket, above, in_bucket = near_boundary(level, present, need)
+        known = bucket > 0
+    return boundary, known, fewer, above, in_bucket
+
+
+@triton.jit
+def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr, lowest=None):
     """(kth, selected): the k-th largest of the unique non-negative int64
     ``keys`` (a 2-D tensor; 0 = empty) whose top 16 of KEY_BITS bits are an
     ord16 score, or 0 when fewer than k are non-zero; and how many keys are
@@ -194,25 +215,33 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
     key's level (its score without the lowest bit) lies below the top level (bin
     NEAR_BINS - 1 - distance; bin 0 for NEAR_BINS - 1 or more): the top-K of
     bf16 scores rarely spans 254 steps, so that fixes the k-th key's level, and
-    a histogram's cost grows with its bins. Then a radix select over the lower
-    bits (the score's last bit and the gid) among the keys of that level; over
-    all bits when the boundary fell in bin 0. A histogram costs as much for a
-    masked slot as for any other, so when at most TIE_TILE keys share the k-th
-    level they are first compacted through ``tie_ptr`` (TIE_TILE int64 of
-    scratch) and the radix runs over those alone."""
+    a histogram's cost grows with its bins. Given ``lowest``, a level every key
+    reaches (the rescue's: kappa's), the histogram counts levels above it
+    instead (``_anchored_boundary``), with fewer bins and no maximum first.
+    Then a radix select over the lower bits (the score's last bit and the gid)
+    among the keys of that level; over all bits when the boundary fell in bin
+    0. A histogram costs as much for a masked slot as for any other, so when at
+    most TIE_TILE keys share the k-th level they are first compacted through
+    ``tie_ptr`` (TIE_TILE int64 of scratch) and the radix runs over those
+    alone."""
     level_shift: tl.constexpr = KEY_BITS - 15
     flat = tl.reshape(keys, (keys.shape[0] * keys.shape[1],), can_reorder=True)
     present = flat != 0
     level = (flat >> level_shift).to(tl.int32)
-    boundary, bucket, above, bucket_count = near_boundary(level, present, k)
+    if lowest is None:
+        boundary, bucket, above, bucket_count = near_boundary(level, present, k)
+        fewer = bucket < 0
+        known = bucket > 0
+    else:
+        boundary, known, fewer, above, bucket_count = _anchored_boundary(level, present, k, lowest)
     prefix = boundary.to(tl.int64) << level_shift
     need = k - above
-    selected = tl.where(bucket < 0, above, k)  # no bin reaches k: above counts every key
-    if bucket < 0:  # fewer than k keys
+    selected = tl.where(fewer, above, k)  # no bin reaches k: above counts every key
+    if fewer:  # fewer than k keys
         kth = tl.zeros((), dtype=tl.int64)
-    elif (bucket > 0) & (need == bucket_count):  # every key of the k-th level is taken
+    elif known & (need == bucket_count):  # every key of the k-th level is taken
         kth = tl.min(tl.where(present & (level == boundary), flat, 0x7FFFFFFFFFFFFFFF), axis=0)
-    elif (bucket > 0) & (bucket_count <= TIE_TILE):
+    elif known & (bucket_count <= TIE_TILE):
         tie = (keys != 0) & ((keys >> level_shift) == boundary)
         tl.store(tie_ptr + flat_positions(tie.to(tl.int32)), keys, mask=tie)
         tl.debug_barrier()  # the block's stores are seen by all its threads
@@ -220,10 +249,9 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr):
         ties = tl.load(tie_ptr + slot, mask=slot < bucket_count, other=0)
         kth = _gid_select(ties, ties != 0, prefix, need, tl.full((), level_shift, tl.int32), TIE_DIGIT,
                           TIE_BINS)
-    else:  # over all the keys: from the key's top bit when the boundary fell in bin 0
-        far = bucket == 0  # one inlined copy of the radix serves both cases
-        kth = _gid_select(flat, present, tl.where(far, 0, prefix), tl.where(far, k, need),
-                          tl.where(far, KEY_BITS, level_shift), WIDE_DIGIT, WIDE_BINS)
+    else:  # over all the keys: from the key's top bit when the boundary is not known
+        kth = _gid_select(flat, present, tl.where(known, prefix, 0), tl.where(known, need, k),
+                          tl.where(known, level_shift, KEY_BITS), WIDE_DIGIT, WIDE_BINS)
     return kth, selected
 
 
@@ -278,9 +306,9 @@ def emit_selected(keys, kappa, count, row, outputs, sizes, rank, sort_row, keep_
 @triton.jit
 def _store_keys(row_ptr, keys, chosen, slot, count, TOPK: tl.constexpr):
     """The ``count`` chosen keys at ``slot`` of ``row_ptr``, zeros after
-    them up to TOPK rounded up to a power of 2."""
+    them up to TOPK rounded up to a power of 2 (a caller whose keys came
+    from there first lets every thread read them)."""
     width: tl.constexpr = power_of_2(TOPK)
-    tl.debug_barrier()  # every thread has read the tile (the rescue's came from ``row_ptr``)
     tl.store(row_ptr + slot, keys, mask=chosen)
     tail = tl.arange(0, width)
     tl.store(row_ptr + tail, tl.zeros((width,), dtype=tl.int64), mask=tail >= count)

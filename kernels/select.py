@@ -110,6 +110,15 @@ def _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_ro
 
 
 @triton.jit
+def _lowest_rank(mask, WORLD: tl.constexpr):
+    """The lowest rank in a non-zero ``mask``."""
+    rank = tl.full((), WORLD - 1, tl.int32)
+    for q in tl.static_range(WORLD - 1, -1, -1):
+        rank = tl.where(((mask >> q) & 1) != 0, q, rank)
+    return rank
+
+
+@triton.jit
 def _append_lists(dest, row, mask, recv_ptr, ROOM: tl.constexpr, LIST: tl.constexpr, PLANES: tl.constexpr,
                   SLOTS: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
     """The saturated ranks' pushed lists as keys, rank by rank, into
@@ -142,9 +151,10 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
     candidate order in the row's ``selected_ptr`` ([T, KEYS] int64
     scratch; TOPK rounded up to a power of 2 of them, zeros after): the
     unsaturated ranks' round-1 words >= kappa are those not owned by a
-    saturated rank. The pushed lists are appended after them and, when they
-    fit KEYS, all are selected in registers as the select does (its
-    ``kth_largest`` and emit). Longer lists (many saturated ranks): the
+    saturated rank. With one saturated rank its list is read where it was
+    received; with more, the lists are appended in the row's second half.
+    When they fit KEYS // 2, all are selected in registers as the select
+    does (its ``kth_largest`` and emit). Longer lists (many saturated ranks): the
     candidates are streamed in tiles instead, a radix select summed over
     the tiles finds the K-th key, and the selected keys are compacted."""
     after_prior_kernel(PDL)
@@ -162,16 +172,27 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
             kappa = sat & SAT_KAPPA_MASK
             selected_row = selected_ptr + row * KEYS
             width: tl.constexpr = power_of_2(TOPK)
-            listed = _append_lists(selected_row + width, row, mask, recv_ptr, KEYS - width, LIST, PLANES, SLOTS,
-                                   WORLD, INTERLEAVE, GID_BITS)
-            tl.debug_barrier()  # the block's stores are seen by all its threads
-            if listed <= KEYS - width:
-                slot = tl.arange(0, KEYS)
-                keys = tl.load(selected_row + slot, mask=slot < width + listed, other=0)
+            half: tl.constexpr = KEYS // 2  # the tile [2, half]: the select's keys, then the lists
+            part = tl.arange(0, 2)[:, None]
+            slot = tl.arange(0, half)[None, :] + 0 * part
+            if (mask & (mask - 1)) == 0:  # one list (the usual case): read where it was received
+                listed = tl.full((), LIST, tl.int32)
+                lists = decode_keys(recv_ptr + row * SLOTS * (LIST + PLANES * (LIST // 32)), slot,
+                                    _lowest_rank(mask, WORLD), (part == 1) & (slot < LIST), LIST, PLANES, WORLD,
+                                    INTERLEAVE, GID_BITS)
+            else:
+                listed = _append_lists(selected_row + half, row, mask, recv_ptr, half, LIST, PLANES, SLOTS, WORLD,
+                                       INTERLEAVE, GID_BITS)
+                tl.debug_barrier()  # the block's stores are seen by all its threads
+                lists = tl.load(selected_row + half + slot, mask=(part == 1) & (slot < listed), other=0)
+            if listed <= half:
+                keys = tl.load(selected_row + slot, mask=(part == 0) & (slot < width), other=0)
                 # The select's keys of a saturated rank are in its list too.
                 owner, _ = owner_and_local(key_gid(keys, GID_BITS), WORLD, INTERLEAVE)
-                keys = tl.where((slot < width) & (((mask >> owner) & 1) != 0), 0, keys)[None, :]
-                kth, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
+                keys = tl.where(((mask >> owner) & 1) != 0, 0, keys) | lists
+                # Every candidate's level reaches kappa's (the lists' floor is its score).
+                kth, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE,
+                                            (kappa >> (SCORE_BITS + GID_BITS - 15)).to(tl.int32))
             else:
                 kth = _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, TOPK, LIST, N,
                                     PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
@@ -188,9 +209,10 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                                          mask=take != 0)
                                 selected += tl.sum(take, axis=0)
                 tl.debug_barrier()
-                slot = tl.arange(0, KEYS)
-                keys = tl.load(selected_row + slot, mask=slot < selected, other=0)[None, :]
+                keys = tl.load(selected_row + part * half + slot, mask=part * half + slot < selected, other=0)
                 kth = tl.full((), 1, tl.int64)  # every key left is selected
+            if SORTED:
+                tl.debug_barrier()  # every thread has read the keys before they are overwritten
             emit_selected(keys, kth, selected, row, outputs, sizes, rank, selected_row, False, TOPK, WORLD,
                           INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
     if ok:

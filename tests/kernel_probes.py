@@ -69,17 +69,23 @@ def bisected_threshold_kernel(out_ptr, score_ptr, need_ptr, TILE: tl.constexpr):
 
 
 @triton.jit
-def kth_largest_kernel(out_ptr, ties_ptr, keys_ptr, k_ptr, ROWS: tl.constexpr, COLS: tl.constexpr,
+def kth_largest_kernel(out_ptr, ties_ptr, keys_ptr, k_ptr, lowest_ptr, ROWS: tl.constexpr, COLS: tl.constexpr,
                        KEY_BITS: tl.constexpr):
     """Per program: ``kth_largest`` of keys_ptr[case] ([ROWS, COLS] int64)
     for k_ptr[case], with TIE_TILE int64 of scratch at ties_ptr[case]: the
-    k-th key at out_ptr[2 * case], the count it selects at out_ptr[2 * case + 1]."""
+    k-th key at out_ptr[4 * case], the count it selects at out_ptr[4 * case
+    + 1]; the same anchored at level lowest_ptr[case] at out_ptr[4 * case + 2]
+    and out_ptr[4 * case + 3]."""
     case = tl.program_id(0).to(tl.int64)
     offs = case * ROWS * COLS + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
-    kth, selected = kth_largest(tl.load(keys_ptr + offs), tl.load(k_ptr + case), KEY_BITS,
-                                ties_ptr + case * TIE_TILE)
-    tl.store(out_ptr + 2 * case, kth)
-    tl.store(out_ptr + 2 * case + 1, selected.to(tl.int64))
+    keys = tl.load(keys_ptr + offs)
+    kth, selected = kth_largest(keys, tl.load(k_ptr + case), KEY_BITS, ties_ptr + case * TIE_TILE)
+    tl.store(out_ptr + 4 * case, kth)
+    tl.store(out_ptr + 4 * case + 1, selected.to(tl.int64))
+    kth, selected = kth_largest(keys, tl.load(k_ptr + case), KEY_BITS, ties_ptr + case * TIE_TILE,
+                                tl.load(lowest_ptr + case))
+    tl.store(out_ptr + 4 * case + 2, kth)
+    tl.store(out_ptr + 4 * case + 3, selected.to(tl.int64))
 
 
 @triton.jit

@@ -522,7 +522,9 @@ def test_kth_largest_near_the_top_and_far_from_it(device):
     into the tie tile, and too many, and a few in one bucket of the tie radix),
     ties at zero under positives of many binades, fewer keys than k; and the
     count of keys it selects (k, or every key when fewer), which the emit
-    uses."""
+    uses. The same anchored at a level every key reaches (the rescue's:
+    kappa's), the lowest key's or two below it: the boundary in the anchored
+    bins, and past them (then below the top level as before)."""
     from kernel_probes import TIE_TILE, kth_largest_kernel
 
     gen = torch.Generator().manual_seed(4)
@@ -551,14 +553,16 @@ def test_kth_largest_near_the_top_and_far_from_it(device):
     cases += [(key.view(rows, cols), k) for k in (300, 600, 1000)]
     keys = torch.stack([c[0] for c in cases])
     ks = torch.tensor([c[1] for c in cases], dtype=torch.int32)
-    out = torch.empty(len(cases), 2, dtype=torch.int64, device=device)
+    lowest = [int(key[key != 0].min()) >> (gid_bits + 1) for key, _ in cases]
+    lowest = torch.tensor([max(level - 2 * (case % 2), 0) for case, level in enumerate(lowest)], dtype=torch.int32)
+    out = torch.empty(len(cases), 4, dtype=torch.int64, device=device)
     ties = torch.empty(len(cases), TIE_TILE, dtype=torch.int64, device=device)
-    kth_largest_kernel[(len(cases),)](out, ties, keys.to(device), ks.to(device), ROWS=rows, COLS=cols,
-                                      KEY_BITS=16 + gid_bits)
+    kth_largest_kernel[(len(cases),)](out, ties, keys.to(device), ks.to(device), lowest.to(device), ROWS=rows,
+                                      COLS=cols, KEY_BITS=16 + gid_bits)
     for case, (key, k) in enumerate(cases):
         present = key[key != 0].sort(descending=True).values
         want = int(present[k - 1]) if present.numel() >= k else 0
-        assert out[case].tolist() == [want, min(k, present.numel())], (case, k)
+        assert out[case].tolist() == [want, min(k, present.numel())] * 2, (case, k)
 
 
 def test_plan_sizes_the_room_and_the_scratch():
