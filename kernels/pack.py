@@ -21,7 +21,7 @@ from . import spread
 from .keys import is_nan_bits, ord16, packed_word, score_bits
 from .launch import Launch
 from .rows import (above_and_ties, any_width, bisected_threshold, kept_slots, line_positions, publish_row,
-                   list_floor, row_target, row_window, token_ord16, zero_row_from)
+                   list_floor, row_target, row_tokens, row_window, token_ord16, zero_row_from)
 from .sync import after_prior_kernel
 
 SHORT_ROWS = 16384  # calls this wide or narrower: a program a row (``row_kernel``); at most 2^14 (its scan)
@@ -58,18 +58,15 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
             floor = list_floor(sat_ptr, row, KAPPA_SHIFT)
             score = token_ord16(x)
             score = tl.where(inside & (score >= floor), score, 0)
-            valid = tl.sum(tl.sum((score != 0).to(tl.int32), axis=1), axis=0)
-            threshold = tl.zeros((), dtype=tl.int32)
-            totals = valid  # threshold 0: every valid token is above it
-            if valid > N:
-                threshold = bisected_threshold(score, N, floor, 0xFFFF)
-                totals = tl.sum(tl.sum(above_and_ties(score, threshold), axis=1), axis=0)
-            counts = above_and_ties(score, threshold)
+            above = tl.sum(tl.sum((score != 0).to(tl.int32), axis=1), axis=0)
+            threshold = tl.zeros((), dtype=tl.int32)  # every valid token is above it
+            if above > N:
+                threshold, above = bisected_threshold(score, N, floor, 0xFFFF)
         else:
             score = token_ord16(tl.load(row_ptrs, mask=inside, other=float("nan")))
-            counts = above_and_ties(score, bisected_threshold(score, N, 0, 0xFFFF))
-            totals = tl.sum(tl.sum(counts, axis=1), axis=0)
-        slot, keep, kept = kept_slots(counts, line_positions(counts), totals, N)
+            threshold, above = bisected_threshold(score, N, 0, 0xFFFF)
+        counts = above_and_ties(score, threshold)
+        slot, keep, kept = kept_slots(counts, line_positions(counts), threshold, above, N)
         out_row = out_ptr + offset
         tl.store(out_row + slot, packed_word(score, local), mask=keep)
         zero_row_from(out_row, kept, words, 1024)

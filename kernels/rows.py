@@ -90,8 +90,11 @@ def line_positions(flags):
 
 @triton.jit
 def bisected_threshold(score, need, lowest, highest):
-    """The largest ord16 t with at least ``need`` of the ``score``s (any
-    shape, 0 for invalid tokens) >= t; 0 when fewer are valid. One count a bit,
+    """(t, above): the largest ord16 t with at least ``need`` of the
+    ``score``s (any shape, 0 for invalid tokens) >= t, 0 when fewer are
+    valid; and how many are above t, the count of the last bit that failed
+    (its candidate was t + 1: the bits below it were all set), so that no
+    reduction counts them again. One count a bit,
     from the top: a histogram pass (tl.histogram takes a warp ballot per bit
     of the bin, and more to combine them) costs several times as much. Every
     valid score lies in [``lowest``, ``highest``], and when ``lowest`` > 0 at
@@ -105,6 +108,7 @@ def bisected_threshold(score, need, lowest, highest):
     pairs = even | (odd << 16)
     score = tl.reshape(score, (score.numel,), can_reorder=True)
     threshold = tl.zeros((), dtype=tl.int32)
+    above = tl.zeros((), dtype=tl.int32)  # a bit failed above highest: none is above t
     for bit in tl.static_range(15, -1, -1):
         candidate = threshold | (1 << bit)
         if candidate <= lowest:
@@ -118,7 +122,11 @@ def bisected_threshold(score, need, lowest, highest):
                 reached = tl.sum((score >= candidate).to(tl.int32), axis=0)
             if reached >= need:
                 threshold = candidate
-    return threshold
+            else:
+                above = reached
+        else:
+            above = tl.zeros((), dtype=tl.int32)
+    return threshold, above
 
 
 @triton.jit
@@ -130,16 +138,17 @@ def above_and_ties(score, threshold):
 
 
 @triton.jit
-def kept_slots(counts, before, totals, N: tl.constexpr):
+def kept_slots(counts, before, threshold, above, N: tl.constexpr):
     """(slot, keep, kept): where each token goes in the packed row and
     whether it is kept, and how many are, from ``above_and_ties`` per token
-    (at most 2^15 - 1 tokens), their exclusive scan in token order and
-    their totals. Every token above the threshold is kept, and its ties,
-    lowest id first, up to N in all."""
+    (at most 2^15 - 1 tokens), their exclusive scan in token order, the
+    threshold and how many are above it (``bisected_threshold``). Every
+    token above the threshold is kept, and its ties, lowest id first, up to
+    N in all: at least N are at or above a threshold > 0."""
     ties_before = before >> 16
-    ties_taken = tl.minimum(N - (totals & 0xFFFF), totals >> 16)
+    ties_taken = tl.where(threshold > 0, N - above, 0)
     keep = ((counts & 0xFFFF) != 0) | ((counts > 0xFFFF) & (ties_before < ties_taken))
-    return (before & 0xFFFF) + tl.minimum(ties_before, ties_taken), keep, (totals & 0xFFFF) + ties_taken
+    return (before & 0xFFFF) + tl.minimum(ties_before, ties_taken), keep, above + ties_taken
 
 
 @triton.jit

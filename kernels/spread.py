@@ -655,8 +655,9 @@ def _select_listed(out_row, regions, listed, floor, N: tl.constexpr, PLANES: tl.
     total = tl.sum(listed, axis=0)
     local, score, valid = _candidates(regions, tl.arange(0, ROOM), total, listed, ends, BLOCKS_P2, REGION)
     lowest = tl.where(total >= N, _below_candidates(floor), 0)  # fewer: every one is kept
-    counts = above_and_ties(score, bisected_threshold(score, N, lowest, tl.max(score, axis=0)))
-    slot, keep, _ = kept_slots(counts, tl.cumsum(counts, axis=0) - counts, tl.sum(counts, axis=0), N)
+    threshold, above = bisected_threshold(score, N, lowest, tl.max(score, axis=0))
+    counts = above_and_ties(score, threshold)
+    slot, keep, _ = kept_slots(counts, tl.cumsum(counts, axis=0) - counts, threshold, above, N)
     store_words(out_row, slot, score, local, keep, N, PLANES)
 
 
