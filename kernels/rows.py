@@ -102,25 +102,25 @@ def line_positions(flags):
 
 @triton.jit
 def bisected_threshold(score, need, lowest, highest):
-    """(t, above): the largest ord16 t with at least ``need`` of the
-    ``score``s (any shape, 0 for invalid tokens) >= t, 0 when fewer are
-    valid; and how many are above t, the count of the last bit that failed
-    (its candidate was t + 1: the bits below it were all set), so that no
-    reduction counts them again. One count a bit,
-    from the top: a histogram pass (tl.histogram takes a warp ballot per bit
-    of the bin, and more to combine them) costs several times as much. Every
-    valid score lies in [``lowest``, ``highest``], and when ``lowest`` > 0 at
-    least ``need`` are valid, so a bit whose answer the bounds give is not
-    counted. The first fifteen compare levels (the score without its last
-    bit: even candidates) two to an int32, a 16-bit field each: level +
-    0x8000 - c sets the field's top bit iff level >= c, and never carries out
-    of it; the last compares whole scores."""
+    """(t, above): the largest ord16 t with at least ``need`` of the ``score``s
+    (any shape, 0 for invalid tokens) >= t, 0 when fewer are valid; and how
+    many are above t, the count of the last bit that failed (its candidate
+    was t + 1: the bits below it were all set), so that no reduction counts
+    them again. One count a bit, from the top: a histogram pass
+    (tl.histogram takes a warp ballot per bit of the bin, and more to
+    combine them) costs several times as much. Every valid score lies in
+    [``lowest``, ``highest``], and when ``lowest`` > 0 at least ``need`` are
+    valid, so a bit whose answer the bounds give is not counted. The first
+    fifteen compare levels (the score without its last bit: even candidates)
+    two to an int32, a 16-bit field each: level + 0x8000 - c sets the
+    field's top bit iff level >= c, and never carries out of it; the last
+    compares whole scores."""
     level = tl.reshape(score >> 1, (score.numel // 2, 2), can_reorder=True)  # counts need no order
     even, odd = tl.split(level)
     pairs = even | (odd << 16)
     score = tl.reshape(score, (score.numel,), can_reorder=True)
     threshold = tl.zeros((), dtype=tl.int32)
-    above = tl.zeros((), dtype=tl.int32)  # a bit failed above highest: none is above t
+    above = tl.zeros((), dtype=tl.int32)  # no bit failed: none is above t
     for bit in tl.static_range(15, -1, -1):
         candidate = threshold | (1 << bit)
         if candidate <= lowest:

@@ -154,9 +154,10 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
     saturated rank. With one saturated rank its list is read where it was
     received; with more, the lists are appended in the row's second half.
     When they fit KEYS // 2, all are selected in registers as the select
-    does (its ``kth_largest`` and emit). Longer lists (many saturated ranks): the
-    candidates are streamed in tiles instead, a radix select summed over
-    the tiles finds the K-th key, and the selected keys are compacted."""
+    does (its ``kth_largest`` and emit). Longer lists (many saturated
+    ranks): the candidates are streamed in tiles instead, a radix select
+    summed over the tiles finds the K-th key, and the selected keys are
+    compacted."""
     after_prior_kernel(PDL)
     sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
     flags_ptr, status_ptr, max_spins = waits
