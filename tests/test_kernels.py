@@ -77,6 +77,29 @@ def test_score_families_match_reference_stage_by_stage(interleave, device, pack_
 
 
 @needs_triton
+def test_whole_rows_match_reference_stage_by_stage(device):
+    """Rows whose window is the short rows' whole tile (read unmasked, 16
+    bytes a thread) beside rows that end or start inside it; rank 0 holds
+    the best scores, so its pushed list (read up to the call's width before
+    its window is known) and the rescue run too."""
+    from nvshmem_topk.testing import family_scores, shard
+
+    gen = torch.Generator().manual_seed(21)
+    world, rows, width, k = 2, 3, 1024, 128
+    logits = shard(family_scores("normal", rows, world * width, gen), world)
+    logits[0] = (logits[0].float() + 6).bfloat16()
+    ends = torch.full((world, rows), width, dtype=torch.int32)
+    ends[:, 1] = width - 5
+    starts = torch.zeros((world, rows), dtype=torch.int32)
+    starts[:, 2] = 3
+    logits[:, 1, width - 5:] = 100.0  # outside the window, above every score inside it
+    logits[:, 2, :3] = 100.0
+    got = _same_at_every_stage(logits.to(device), ends.to(device), topk=k, local_topk=96, starts=starts.to(device))
+    assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, k, row_starts=starts))
+    assert ((got["sat"].cpu() >> 47) == 1).all(), "rank 0 is saturated on every row"
+
+
+@needs_triton
 @pytest.mark.slow
 def test_rescue_with_more_candidates_than_its_tile_matches_reference(device):
     """Eight saturated ranks whose boosted scores rise with the rank: every
