@@ -8,7 +8,7 @@ A call at most SHORT_ROWS tokens wide (a 128K context over 8 ranks) takes
 one kernel, a program per row (``row_kernel``): the row in registers, its
 threshold from sixteen counts, one a bit, then one ordered compaction.
 
-Wider calls take the five kernels of ``spread``, where no program walks a
+Wider calls take the four kernels of ``spread``, where no program walks a
 row. Whatever the kernel, the output is ``reference.pack``'s, bit for bit."""
 
 from dataclasses import dataclass
@@ -105,7 +105,7 @@ def _planes(words: int, n: int) -> int:
 def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
              publish: Publish | None = None, pdl: bool = False) -> list[Launch]:
     """The launches of ``select_local``: one (``row_kernel``) for calls at
-    most SHORT_ROWS wide, else the five of the spread pipeline, each
+    most SHORT_ROWS wide, else the four of the spread pipeline, each
     compiled for the widest call of its class; none for no rows."""
     rows, width = logits.shape
     if rows == 0:

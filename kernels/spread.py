@@ -1,4 +1,4 @@
-"""The local top-n of calls wider than ``pack.SHORT_ROWS``: five kernels,
+"""The local top-n of calls wider than ``pack.SHORT_ROWS``: four kernels,
 in which only the estimate is a program per row, and it reads a sample;
 every step that reads the row is spread over its blocks of BLOCK tokens,
 so no program walks a row:
@@ -23,10 +23,10 @@ so no program walks a row:
      copied from its region when they are its candidates, else re-read.
    - radix: neither (the sample misled). Each span histograms the high byte
      of its scores.
-4. radix_low (radix rows only): each span histograms the low byte of its
-   scores in the high byte's boundary bucket.
-5. radix_write (radix rows only): the threshold is exact; each span writes
-   its kept tokens.
+4. radix (radix rows only): each span histograms the low byte of its
+   scores in the high byte's boundary bucket and writes its own top-n to
+   its region, which its two histograms give; the last span to arrive takes
+   the threshold from every span's and compacts their words into the row.
 A row that several spans write is published (pushed to every peer, its flag
 raised) by the last span to finish it. Whatever the path, the output is
 ``reference.pack``'s, bit for bit: the estimate decides how much work is
@@ -39,7 +39,8 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from .keys import MIN_VALID, is_nan_bits, near_bin, ord16, packed_word, radix_boundary, score16_bits
+from .keys import (MIN_VALID, flat_positions, is_nan_bits, near_bin, ord16, packed_word, power_of_2, radix_boundary,
+                   score16_bits)
 from .launch import Launch
 from .rows import (any_width, bisected_threshold, above_and_ties, kept_slots, line_positions, load_tokens,
                    list_floor, publish_row, row_target, row_window, store_words, token_ord16, trim_list,
@@ -62,10 +63,12 @@ SAMPLE_BINS = tl.constexpr(64)  # the estimate's histograms (their cost grows wi
 
 
 
-# Scratch of a row (int32): the estimate's floor and probe and the row's
-# settling, then per block its four counts, per span its two histograms
-# (radix rows), and per block its region (candidate words).
-FLOOR, PROBE, MODE, HEADER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(4)
+# Scratch of a row (int32): the estimate's floor and probe, the row's
+# settling and the radix spans' arrivals, then per block its four counts,
+# per span its two histograms and its own top-n's size (radix rows), and
+# per block its region (candidate words; a radix span's top-n in its first).
+FLOOR, PROBE, MODE, RADIX_ARRIVALS, HEADER = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3),
+                                              tl.constexpr(4))
 COUNT_FIELDS = tl.constexpr(4)  # valid tokens, candidates, >= probe, > probe
 LISTED, EXACT, RADIX = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # how a row is settled
 
@@ -99,9 +102,14 @@ class Plan:
         return HEADER.value + self.blocks_p2 * COUNT_FIELDS.value
 
     @property
+    def spans_kept_at(self) -> int:
+        """Where a radix row's per-span sizes of their own top-n start."""
+        return self.histograms_at + self.blocks_p2 * 512
+
+    @property
     def regions_at(self) -> int:
         """Where a row's per-block candidate regions (``region`` words) start."""
-        return self.histograms_at + self.blocks_p2 * 512
+        return self.spans_kept_at + self.blocks_p2
 
     @property
     def scratch_words(self) -> int:
@@ -298,6 +306,7 @@ def estimate_kernel(out_ptr, scratch_ptr, rows, width_limit, N: tl.constexpr, WO
             probe, floor = _sampled_estimate(logits_ptr + row * logits_stride, start, end, N, GROUPS)
         tl.store(scratch + FLOOR, tl.maximum(floor, MIN_VALID))
         tl.store(scratch + PROBE, probe)
+        tl.store(scratch + RADIX_ARRIVALS, 0)
 
 
 # ------------------------------------------------------------------ filter
@@ -737,7 +746,7 @@ def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, wi
                     SELECT_LOW: tl.constexpr, SPAN: tl.constexpr):
     """The span's histogram of the high byte of its scores (or, with
     SELECT_LOW, of the low byte of those whose high byte is ``high``), to
-    word AT of the span's pair of histograms."""
+    word AT of the span's pair of histograms; returned too."""
     hist = tl.zeros((256,), dtype=tl.int32)
     for j in range(SPAN):
         block = span * SPAN + j
@@ -746,6 +755,7 @@ def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, wi
             score = tl.reshape(token_ord16(x), (BLOCK,))
             hist += _histogram(score, score != 0, high, SELECT_LOW)
     tl.store(histograms + span * 512 + AT + tl.arange(0, 256), hist)
+    return hist
 
 
 @triton.jit
@@ -754,37 +764,52 @@ def _summed(histograms, spans, AT: tl.constexpr):
     total = tl.zeros((256,), dtype=tl.int32)
     s = 0
     while s < spans:  # a while loop: the bound is a run-time scalar
-        total += tl.load(histograms + s * 512 + AT + tl.arange(0, 256))
+        total += tl.load(histograms + s * 512 + AT + tl.arange(0, 256), cache_modifier=".cg")
         s += 1
     return total
 
 
-@any_width
-def radix_low_kernel(scratch_ptr, rows, width_limit, N: tl.constexpr, LIST: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
-                     SPAN: tl.constexpr, PDL: tl.constexpr):
-    """Radix rows: the boundary bucket of the high byte over the row, then
-    the span's histogram of the low byte inside it."""
-    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
-    after_prior_kernel(PDL)
-    span = tl.program_id(1)
-    row = tl.program_id(0).to(tl.int64)
-    if row_target(row, sat_ptr, rank, 1, 1, LIST)[0]:
-        scratch = scratch_ptr + row * scratch_stride
-        if tl.load(scratch + MODE) == RADIX:
-            histograms = scratch + HISTOGRAMS_AT
-            high, _, _ = radix_boundary(_summed(histograms, tl.num_programs(1), 0), N)
-            _span_histogram(histograms, logits_ptr, row, logits_stride, span,
-                            tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
-                            row_window(row_starts_ptr, row_ends_ptr, row, width_limit), high, 256, True, SPAN)
+@triton.jit
+def _compact_spans(out_row, regions, kept_ptr, spans, threshold, quota, N: tl.constexpr, PLANES: tl.constexpr,
+                   REGION: tl.constexpr, SPAN: tl.constexpr):
+    """The row's top-N from its spans' own top-N words (each span's in its
+    first block's region, in order; ``kept_ptr``: how many a span wrote):
+    the words above ``threshold`` and its first ``quota`` ties, in span
+    order, into the packed row; as many spans at once as fill a tile."""
+    width: tl.constexpr = power_of_2(N)
+    group: tl.constexpr = max(1, 2048 // width)  # spans a step
+    i = tl.arange(0, width)[None, :]
+    offset = tl.zeros((), dtype=tl.int32)
+    ties_before = tl.zeros((), dtype=tl.int32)
+    first = 0
+    while first < spans:  # a while loop: the bound is a run-time scalar
+        s = first + tl.arange(0, group)[:, None]
+        count = tl.load(kept_ptr + s, mask=s < spans, other=0, cache_modifier=".cg")
+        inside = i < count
+        word = tl.load(regions + (s * SPAN).to(tl.int64) * REGION + i, mask=inside, other=0, cache_modifier=".cg")
+        local, score = _region_token(word, s * SPAN)
+        counts = above_and_ties(tl.where(inside, score, 0), threshold)
+        before = flat_positions(counts)
+        keep = ((counts & 0xFFFF) != 0) | ((counts > 0xFFFF) & (ties_before + (before >> 16) < quota))
+        keep_i = keep.to(tl.int32)
+        store_words(out_row, offset + flat_positions(keep_i), score, local, keep, N, PLANES)
+        offset += tl.sum(tl.sum(keep_i, axis=1), axis=0)
+        ties_before += tl.sum(tl.sum(counts >> 16, axis=1), axis=0)
+        first += group
 
 
 @any_width
-def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
-                       SLOTS: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr,
-                       HISTOGRAMS_AT: tl.constexpr, SPAN: tl.constexpr, WORLD: tl.constexpr,
-                       LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
-    """Radix rows: the threshold from the two byte histograms, each span's
-    tokens above it and tied with it from its own, then its kept tokens."""
+def radix_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
+                 SLOTS: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
+                 SPANS_KEPT_AT: tl.constexpr, REGIONS_AT: tl.constexpr, REGION: tl.constexpr, SPAN: tl.constexpr,
+                 WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+    """Radix rows: the row's boundary bucket of the high byte; each span's
+    histogram of the low byte inside it, then the span's own top-N (its
+    tokens above the bucket and the best of those in it, from its own two
+    histograms) to its region: a superset of its share of the row's top-N,
+    whatever the other spans hold. The last span to arrive takes the exact
+    threshold from every span's histograms and compacts those words into
+    the packed row (no second kernel waits for the histograms)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     words: tl.constexpr = N + PLANES * (N // 32)
@@ -794,27 +819,24 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.con
         if tl.load(scratch + MODE) == RADIX:
             histograms = scratch + HISTOGRAMS_AT
             high, above_high, _ = radix_boundary(_summed(histograms, spans, 0), N)
-            low, above_low, _ = radix_boundary(_summed(histograms, spans, 256), N - above_high)
-            quota = N - above_high - above_low
+            blocks = tl.cdiv(tl.maximum(width_limit, 1), BLOCK)
+            window = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
+            low_hist = _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, window, high, 256,
+                                       True, SPAN)
             digit = tl.arange(0, 256)
+            own_above = tl.sum(tl.where(digit > high, tl.load(histograms + span * 512 + digit), 0), axis=0)
+            low, above_low, _ = radix_boundary(low_hist, N - own_above)
+            # fewer than its share in the bucket (low < 0): the span keeps all of it
             start = tl.zeros((), dtype=tl.int32)
-            ties_before = tl.zeros((), dtype=tl.int32)
-            s = 0
-            while s < span:
-                high_hist = tl.load(histograms + s * 512 + digit)
-                low_hist = tl.load(histograms + s * 512 + 256 + digit)
-                equal = tl.sum(tl.where(digit == low, low_hist, 0), axis=0)
-                start += (tl.sum(tl.where(digit > high, high_hist, 0), axis=0)
-                          + tl.sum(tl.where(digit > low, low_hist, 0), axis=0)
-                          + tl.minimum(tl.maximum(quota - ties_before, 0), equal))
-                ties_before += equal
-                s += 1
-            _write_span(out_ptr + offset, logits_ptr, row, logits_stride, span,
-                        tl.cdiv(tl.maximum(width_limit, 1), BLOCK),
-                        row_window(row_starts_ptr, row_ends_ptr, row, width_limit), high * 256 + low, quota, start,
-                        ties_before, N, PLANES, SPAN)
-            _publish_when_last(out_ptr, offset, row, spans, peers, sat_ptr, rank, N, PLANES, WORLD, LIST,
-                               KAPPA_SHIFT, LIBRARY_PEERS)
+            _write_span(scratch + REGIONS_AT + span * SPAN * REGION, logits_ptr, row, logits_stride, span, blocks,
+                        window, high * 256 + low, tl.where(low < 0, 0, N - own_above - above_low), start, start, N,
+                        0, SPAN)
+            tl.store(scratch + SPANS_KEPT_AT + span, own_above + tl.where(low < 0, above_low, N - own_above))
+            if last_to_arrive(scratch + RADIX_ARRIVALS, spans):
+                low, above_low, _ = radix_boundary(_summed(histograms, spans, 256), N - above_high)
+                _compact_spans(out_ptr + offset, scratch + REGIONS_AT, scratch + SPANS_KEPT_AT, spans,
+                               high * 256 + low, N - above_high - above_low, N, PLANES, REGION, SPAN)
+                _publish(out_ptr, offset, row, peers, sat_ptr, rank, N, PLANES, WORLD, LIST, KAPPA_SHIFT, LIBRARY_PEERS)
 
 
 # ---------------------------------------------------------------- launcher
@@ -822,7 +844,7 @@ def radix_write_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.con
 
 def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local_len: int, pairs: bool,
              target: dict, peers: dict) -> list[Launch]:
-    """The five launches over ``rows_arg``'s rows (``pack.pipeline`` builds
+    """The four launches over ``rows_arg``'s rows (``pack.pipeline`` builds
     the arguments), each compiled for rows of up to ``max_local_len``
     tokens; ``pairs``: bf16 rows read two tokens a word."""
     rows = rows_arg[0].shape[0]
@@ -840,8 +862,7 @@ def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local
         Launch(finish_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, HISTOGRAMS_AT=p.histograms_at,
                     REGIONS_AT=p.regions_at, ROOM=p.room, SPAN=p.span, **peers), max(SPAN_WARPS, p.room // 512)),
-        Launch(radix_low_kernel, (rows, spans), (scratch, rows_arg, limit),
-               dict(N=n, LIST=listing, HISTOGRAMS_AT=p.histograms_at, SPAN=p.span, PDL=pdl), SPAN_WARPS),
-        Launch(radix_write_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
-               dict(target, HISTOGRAMS_AT=p.histograms_at, SPAN=p.span, **peers), SPAN_WARPS),
+        Launch(radix_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
+               dict(target, HISTOGRAMS_AT=p.histograms_at, SPANS_KEPT_AT=p.spans_kept_at, REGIONS_AT=p.regions_at,
+                    REGION=p.region, SPAN=p.span, **peers), SPAN_WARPS),
     ]

@@ -140,7 +140,7 @@ def main(device_library: str | None = None) -> list[dict]:
         config = CONFIGS[0]
         jobs += [(config, variant, {"libnvshmem_device": device_library})
                  for variant in variants(*config, library_peers=(1 << config[0]) - 2)
-                 if variant.kernel in (exchange.push_rows_kernel, spread.finish_kernel, spread.radix_write_kernel)]
+                 if variant.kernel in (exchange.push_rows_kernel, spread.finish_kernel, spread.radix_kernel)]
     for (world_size, topk, local_topk, _), variant, extern_libs in jobs:
         row = dict(compile_one(variant, extern_libs=extern_libs), W=world_size, K=topk, N=local_topk,
                    device_library=extern_libs is not None)

@@ -223,7 +223,7 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     blocks; a block past the last kept tie copies its candidates), every
     valid token (fewer than n), and the radix steps (the sampled groups
     hold low scores, the rest of the row high ones: the floor lets almost
-    every token through). A sampled outlier far above the rest, and zeros
+    every token through; also with the row's top-n in one span). A sampled outlier far above the rest, and zeros
     below fewer than n positives (ties at the lowest sampled score), still
     settle from the sample. Planes past 2^16, fp32 scores. The filter reads
     bf16 rows of an even width as pairs of tokens (odd row ends included),
@@ -243,6 +243,13 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     attack = torch.randn(2, width, generator=gen)
     attack[0, _sampled_groups(n, width)] = -1.0
     attack[1, _sampled_groups(n, width - 3)] = -1.0  # the last row ends 3 tokens early
+    # The row's whole top-n in one span, cut inside a tie: that span's own
+    # top-n is all of it, to the last tie.
+    one_span = attack.clamp(max=2.5)
+    best = torch.arange(2 * 4096, 3 * 4096, 7)
+    best = best[~torch.isin(best, torch.cat([_sampled_groups(n, width), _sampled_groups(n, width - 3)]))]
+    one_span[:, best[:300]] = 3.0
+    one_span[:, best[300:350]] = 4.0
     wide_width = (1 << 17) + 3000
     planes = torch.randn(1, wide_width, generator=gen)
     planes[0, -2000:] += 3
@@ -253,7 +260,8 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     zeros = torch.relu(torch.randn(2, width, generator=gen) - 2.5)
     listed, exact, radix = spread.LISTED.value, spread.EXACT.value, spread.RADIX.value
     cases = [("listed", normal, n, listed), ("ties", ties, n, exact), ("fewer than n", few, n, listed),
-             ("radix", attack, n, radix), ("planes", planes, n, listed), ("planes radix", planes_attack, 64, radix),
+             ("radix", attack, n, radix), ("radix, one span", one_span, n, radix), ("planes", planes, n, listed),
+             ("planes radix", planes_attack, 64, radix),
              ("fp32", normal, n, listed), ("odd width", normal[:, 1:], n, listed), ("outlier", outlier, n, listed),
              ("zeros", zeros, n, exact)]
     for name, scores, k, mode in cases:
