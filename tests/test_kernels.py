@@ -294,8 +294,8 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
 
 def _pushed_list(logits, floors, n, max_local_len, device):
     """``pack.select_local``'s pushed list of every row of ``logits`` (rank
-    0 of 1, saturated everywhere, kappa at score ``floors``), and the
-    reference's."""
+    0 of 1, saturated everywhere, kappa at score ``floors``), the
+    reference's, and the scratch the kernels left."""
     from nvshmem_topk import format as fmt, reference
     from nvshmem_topk.kernels import pack
 
@@ -317,7 +317,7 @@ def _pushed_list(logits, floors, n, max_local_len, device):
     pack.select_local(recv, logits.to(device), None, ends.to(device), n=n, max_local_len=max_local_len,
                       scratch=scratch, arrivals=arrivals, publish=publish)
     assert flags[rows:].tolist() == [1] * rows
-    return recv[:, 0].cpu(), want
+    return recv[:, 0].cpu(), want, scratch.cpu()
 
 
 @needs_triton
@@ -326,15 +326,17 @@ def test_a_pushed_list_holds_the_top_tokens_at_or_above_kappas_score(device, pac
     reaches kappa's (``format.list_floor``): every one of them when fewer
     than L do (the row kernel selects among them, the spread pipeline trims
     its top-L of the row), its top-L when more do or kappa is 0; words
-    past a trim move with their plane bits (ids past 2^16)."""
+    past a trim move with their plane bits (ids past 2^16), also when the
+    sample misleads the spread pipeline into its radix steps."""
     from nvshmem_topk import format as fmt
+    from nvshmem_topk.kernels import spread
 
     gen = torch.Generator().manual_seed(23)
     n = 64
     logits = torch.randn(4, 3000, generator=gen).bfloat16()
     ranked = fmt.ord16(fmt.score16_bits(logits)).sort(dim=1, descending=True).values
     floors = torch.stack([ranked[0, 20], ranked[1, 200], torch.tensor(0), ranked[3, n - 1]])
-    got, want = _pushed_list(logits, floors, n, (1 << 17) + 5, device)
+    got, want, _ = _pushed_list(logits, floors, n, (1 << 17) + 5, device)
     assert (want[0, :n] != 0).sum() < n and (want[1:, :n] != 0).all()
     assert torch.equal(got, want)
     if pack_kernels == "spread":
@@ -343,7 +345,13 @@ def test_a_pushed_list_holds_the_top_tokens_at_or_above_kappas_score(device, pac
         wide[0, -1000:-980] = 6.0 + torch.arange(20) / 16
         wide = wide.bfloat16()
         floor = fmt.ord16(fmt.score16_bits(torch.tensor([5.5]).bfloat16())).long()
-        got, want = _pushed_list(wide, floor, n, wide.shape[1], device)
+        got, want, _ = _pushed_list(wide, floor, n, wide.shape[1], device)
+        assert want[0, n:].any() and (want[0, :n] != 0).sum() < n
+        assert torch.equal(got, want)
+        # The same through the radix steps: the sampled groups hold low scores.
+        wide[0, _sampled_groups(n, wide.shape[1])] = -5.0
+        got, want, scratch = _pushed_list(wide, floor, n, wide.shape[1], device)
+        assert scratch[0, spread.MODE.value] == spread.RADIX.value
         assert want[0, n:].any() and (want[0, :n] != 0).sum() < n
         assert torch.equal(got, want)
 
