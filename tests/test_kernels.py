@@ -223,9 +223,9 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     blocks; a block past the last kept tie copies its candidates), every
     valid token (fewer than n), and the radix steps (the sampled groups
     hold low scores, the rest of the row high ones: the floor lets almost
-    every token through; also with the row's top-n in one span). A sampled outlier far above the rest, and zeros
-    below fewer than n positives (ties at the lowest sampled score), still
-    settle from the sample. Planes past 2^16, fp32 scores. The filter reads
+    every token through; also with the row's top-n in one span). A sampled
+    outlier far above the rest, and zeros below fewer than n positives
+    (ties at the lowest sampled score), still settle from the sample. Planes past 2^16, fp32 scores. The filter reads
     bf16 rows of an even width as pairs of tokens (odd row ends included),
     others token by token (an odd width, fp32)."""
     from nvshmem_topk import reference
