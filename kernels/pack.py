@@ -21,7 +21,7 @@ from . import spread
 from .keys import is_nan_bits, ord16, packed_word, score_bits
 from .launch import Launch
 from .rows import (above_and_ties, any_width, bisected_threshold, kept_slots, line_positions, publish_row,
-                   list_floor, row_target, row_tokens, row_window, token_ord16, zero_row_from)
+                   list_floor, load_tokens, row_target, row_window, token_ord16, zero_row_from)
 from .sync import after_prior_kernel
 
 SHORT_ROWS = 16384  # calls this wide or narrower: a program a row (``row_kernel``); at most 2^14 (its scan)
@@ -46,7 +46,7 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
     local = tl.arange(0, ROW // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]  # 8 adjacent tokens a thread
     row_ptrs = logits_ptr + row * logits_stride + local
     if LIST:  # the scores were written before the pack, two kernels back: read while the select runs
-        x = row_tokens(row_ptrs, local < width_limit, width_limit >= ROW)
+        x = load_tokens(row_ptrs, local < width_limit, width_limit >= ROW)
     after_prior_kernel(PDL)
     active, offset = row_target(row, sat_ptr, rank, words, SLOTS, LIST)
     if active:
@@ -63,7 +63,7 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
             if above > N:
                 threshold, above = bisected_threshold(score, N, floor, 0xFFFF)
         else:
-            score = token_ord16(row_tokens(row_ptrs, inside, (start == 0) & (end == ROW)))
+            score = token_ord16(load_tokens(row_ptrs, inside, (start == 0) & (end == ROW)))
             threshold, above = bisected_threshold(score, N, 0, 0xFFFF)
         counts = above_and_ties(score, threshold)
         slot, keep, kept = kept_slots(counts, line_positions(counts), threshold, above, N)

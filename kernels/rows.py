@@ -30,21 +30,10 @@ def token_ord16(x):
 
 
 @triton.jit
-def load_tokens(ptrs, inside, WHOLE: tl.constexpr):
-    """The scores at ``ptrs``, NaN where not ``inside`` (all are when WHOLE,
-    so that the load is unmasked and vectorised)."""
-    if WHOLE:
-        x = tl.load(ptrs)
-    else:
-        x = tl.load(ptrs, mask=inside, other=float("nan"))
-    return x
-
-
-@triton.jit
-def row_tokens(ptrs, inside, whole):
+def load_tokens(ptrs, inside, whole):
     """The scores at ``ptrs``, NaN where not ``inside``: when ``whole``
-    (every token is inside), one unmasked load that Triton vectorises, 16
-    bytes a thread instead of one token."""
+    (every token is inside; a constant or a run-time flag), one unmasked
+    load that Triton vectorises, 16 bytes a thread instead of one token."""
     if whole:
         x = tl.load(ptrs)
     else:

@@ -155,11 +155,8 @@ def _block_tokens(logits_ptr, row, logits_stride, block, window):
     start, end = window
     local = block * BLOCK + tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
     ptrs = logits_ptr + row * logits_stride + local
-    if (block * BLOCK >= start) & ((block + 1) * BLOCK <= end):
-        x = load_tokens(ptrs, local < end, True)
-    else:
-        x = load_tokens(ptrs, (local >= start) & (local < end), False)
-    return x, local
+    whole = (block * BLOCK >= start) & ((block + 1) * BLOCK <= end)
+    return load_tokens(ptrs, (local >= start) & (local < end), whole), local
 
 
 @triton.jit
