@@ -23,6 +23,7 @@ from .workspace import DcpTopkWorkspace
 def init_dcp_topk_merge(
     group: DcpGroup, *, max_rows: int, topk: int, max_local_len: int, local_topk: int | None = None,
     interleave: int = 1, impl: str | None = None, exchange: str = "push", timeout_s: float = 5.0, pdl=None,
+    score_dtype: torch.dtype | None = None,
 ) -> DcpTopkWorkspace:
     """Build this rank's workspace (collective over ``group``; before any
     merge and before CUDA-graph capture).
@@ -37,14 +38,18 @@ def init_dcp_topk_merge(
     default and the fastest measured), "all_gather" (NCCL) or "fcollect"
     (NVSHMEM's, NvshmemGroup only; its wait is unbounded); timeout_s: bound
     of every wait; pdl: launch each kernel as a programmatic dependent of
-    the one before (default: on GPUs)."""
+    the one before (default: on GPUs); score_dtype: None ranks scores in
+    their own bf16 or fp16 order (fp32 logits rounded to bf16 first), or
+    torch.float32 in the exact fp32 order of any float logits (impl
+    "reference" only so far)."""
     local_topk, impl = checks.check_settings(group, max_rows=max_rows, topk=topk, local_topk=local_topk,
                                              max_local_len=max_local_len, interleave=interleave, impl=impl,
                                              exchange=exchange, timeout_s=timeout_s)
+    score_bits = checks.check_score_dtype(score_dtype, impl)
     return DcpTopkWorkspace(
         group, max_rows=max_rows, topk=topk, local_topk=local_topk, max_local_len=max_local_len,
         interleave=interleave, impl=impl, exchange=exchange, timeout_s=float(timeout_s),
-        pdl=checks.check_pdl(pdl, group.device))
+        pdl=checks.check_pdl(pdl, group.device), score_bits=score_bits)
 
 
 # ---------------------------------------------------------------- stages
@@ -53,34 +58,37 @@ def init_dcp_topk_merge(
 def dcp_topk_pack(
     logits: torch.Tensor, row_ends: torch.Tensor, *, local_topk: int, max_local_len: int,
     out: torch.Tensor | None = None, impl: str | None = None, pdl: bool | None = None,
-    row_starts: torch.Tensor | None = None,
+    row_starts: torch.Tensor | None = None, score_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """This rank's round-1 rows: the local top-N by (score desc, local id
-    asc) of ``logits`` [T, S] (bf16 or fp16; fp32 is rounded to bf16) from
+    asc) of ``logits`` [T, S] (bf16 or fp16; fp32 is rounded to bf16, or
+    ranked exactly with ``score_dtype=torch.float32``) from
     ``row_starts[t]`` (default 0) to ``min(row_ends[t], S, max_local_len)``,
     NaN excluded, packed by ascending local id into int32
-    [T, packed_row_words(N, P)] (0 = empty slot)."""
+    [T, packed_row_words(N, P, score_bits)] (0 = empty slot)."""
     rows = checks.check_logits(logits, row_ends, row_starts=row_starts)
     checks.check_int("local_topk", local_topk, fmt.WARP, None, fmt.WARP)
     checks.check_int("max_local_len", max_local_len, 1, fmt.MAX_LOCAL_LEN)
-    words = fmt.packed_row_words(local_topk, fmt.num_planes(max_local_len))
+    impl = resolve_impl(impl, logits.device)
+    score_bits = checks.check_score_dtype(score_dtype, impl)
+    words = fmt.packed_row_words(local_topk, fmt.num_planes(max_local_len), score_bits)
     out = checks.packed_out(out, rows, words, logits.device)
     starts = row_starts[:rows] if row_starts is not None else None
-    backend(resolve_impl(impl, logits.device)).pack(logits[:rows], row_ends[:rows], out, local_topk=local_topk,
-                                                    max_local_len=max_local_len, row_starts=starts,
-                                                    pdl=checks.check_pdl(pdl, out.device))
+    backend(impl).pack(logits[:rows], row_ends[:rows], out, local_topk=local_topk, max_local_len=max_local_len,
+                       row_starts=starts, pdl=checks.check_pdl(pdl, out.device), score_bits=score_bits)
     return out
 
 
 def dcp_topk_pack_indices(
     logits: torch.Tensor, local_idx: torch.Tensor, row_ends: torch.Tensor, *, max_local_len: int,
     out: torch.Tensor | None = None, impl: str | None = None, pdl: bool | None = None,
-    row_starts: torch.Tensor | None = None,
+    row_starts: torch.Tensor | None = None, score_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Pack a caller's local top-N ``local_idx`` [T, N] int32 (-1 padded, N
     a multiple of 32) in its order; ids outside [row_starts (default 0),
     min(row_ends, S, max_local_len)) and NaN scores become empty slots. The
-    ids must be a top-N by score for the merge to be exact
+    ids must be a top-N by score (in the order ``score_dtype`` names, as in
+    ``dcp_topk_pack``) for the merge to be exact
     (``assert_packed_merge_contract``)."""
     rows = checks.check_logits(logits, row_ends, row_starts=row_starts)
     checks.check_tensor("local_idx", local_idx, torch.int32, 2, logits.device)
@@ -88,12 +96,14 @@ def dcp_topk_pack_indices(
         raise ValueError(f"local_idx must have {rows} rows, got {tuple(local_idx.shape)}")
     checks.check_int("local_idx.shape[1]", local_idx.shape[1], fmt.WARP, None, fmt.WARP)
     checks.check_int("max_local_len", max_local_len, 1, fmt.MAX_LOCAL_LEN)
-    words = fmt.packed_row_words(local_idx.shape[1], fmt.num_planes(max_local_len))
+    impl = resolve_impl(impl, logits.device)
+    score_bits = checks.check_score_dtype(score_dtype, impl)
+    words = fmt.packed_row_words(local_idx.shape[1], fmt.num_planes(max_local_len), score_bits)
     out = checks.packed_out(out, rows, words, logits.device)
     pdl = checks.check_pdl(pdl, out.device)
     starts = row_starts[:rows] if row_starts is not None else None
-    backend(resolve_impl(impl, logits.device)).pack_indices(logits, local_idx, row_ends[:rows], out,
-                                                            max_local_len=max_local_len, row_starts=starts, pdl=pdl)
+    backend(impl).pack_indices(logits, local_idx, row_ends[:rows], out, max_local_len=max_local_len,
+                               row_starts=starts, pdl=pdl, score_bits=score_bits)
     return out
 
 
@@ -141,7 +151,8 @@ def dcp_topk_merge(
     workspace: DcpTopkWorkspace, sorted: bool = False, row_starts: torch.Tensor | None = None,
 ) -> None:
     """Exact global top-K ids of this rank's ``logits`` [T, S] (bf16 or
-    fp16; fp32 is rounded to bf16), its tokens ``row_starts[t] <= l <
+    fp16; fp32 is rounded to bf16 unless the workspace ranks the exact fp32
+    order), its tokens ``row_starts[t] <= l <
     row_ends[t]`` valid (each [T] int32 or int64; no starts: 0), over the
     DCP group into ``topk_indices`` [T, K] int32 (global ids, -1 padded;
     ``sorted`` gives descending score, then ascending id). Collective: every
@@ -181,10 +192,12 @@ def dcp_topk_merge_rows(
 def simulate_dcp_topk_merge(
     logits: torch.Tensor, row_ends: torch.Tensor, *, topk: int, local_topk: int | None = None,
     impl: str | None = None, interleave: int = 1, sorted: bool = False, row_starts: torch.Tensor | None = None,
+    score_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The whole merge over W virtual ranks in this process.
 
-    logits: [W, T, S] bf16 or fp16 (or fp32), ``logits[r, t, l]`` scores
+    logits: [W, T, S] bf16 or fp16 (or fp32; ``score_dtype`` as in
+    ``init_dcp_topk_merge``), ``logits[r, t, l]`` scores
     rank r's local token l; row_ends and row_starts (optional): [W, T]
     int32 or int64, rank r's tokens row_starts[r, t] <= l < row_ends[r, t]
     valid. Returns int32 [W, T, topk]: rank r's ids (the same on every
@@ -192,7 +205,7 @@ def simulate_dcp_topk_merge(
     reference on CPU."""
     if torch.compiler.is_compiling():
         return torch.ops.nvshmem_topk.simulate_merge(logits, row_ends, topk, local_topk or 0, impl or "", interleave,
-                                                     sorted, row_starts)
+                                                     sorted, row_starts, score_dtype)
     local_topk = checks.check_simulated(logits, row_ends, topk, local_topk, row_starts)
     world_size, rows, width = logits.shape
     out = torch.full((world_size, max(rows, 1), topk), -1, dtype=torch.int32, device=logits.device)
@@ -202,7 +215,8 @@ def simulate_dcp_topk_merge(
     try:
         workspaces = [
             init_dcp_topk_merge(g, max_rows=rows, topk=topk, local_topk=local_topk,
-                                max_local_len=max(width, 1), interleave=interleave, impl=impl)
+                                max_local_len=max(width, 1), interleave=interleave, impl=impl,
+                                score_dtype=score_dtype)
             for g in group.ranks
         ]
         outputs = [Outputs(out[r], None, bool(sorted)) for r in range(world_size)]

@@ -8,7 +8,8 @@ workspace's own buffers, which no compiled graph sees.
     torch.ops.nvshmem_topk.merge(logits, row_ends, ids_out, workspace.handle, sorted, row_starts)
     torch.ops.nvshmem_topk.merge_rows(logits, row_ends, req_id, block_table, rows_out, valid_out, ids_out, packed,
                                       workspace.handle, block_size, stride_rows, sorted, row_starts)
-    torch.ops.nvshmem_topk.simulate_merge(logits, row_ends, topk, local_topk, impl, interleave, sorted, row_starts)
+    torch.ops.nvshmem_topk.simulate_merge(logits, row_ends, topk, local_topk, impl, interleave, sorted, row_starts,
+                                          score_dtype)
 
 The public functions (``dcp_topk_merge``, ``dcp_topk_merge_rows``,
 ``simulate_dcp_topk_merge`` and the indexer's) call these ops themselves
@@ -59,12 +60,14 @@ def _(logits, row_ends, req_id, block_table, rows_out, valid_out, ids_out, packe
 
 @torch.library.custom_op("nvshmem_topk::simulate_merge", mutates_args=())
 def simulate_merge(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, local_topk: int, impl: str,
-                   interleave: int, sorted: bool, row_starts: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   interleave: int, sorted: bool, row_starts: Optional[torch.Tensor] = None,
+                   score_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``simulate_dcp_topk_merge``; ``local_topk`` 0 and ``impl`` "" mean the defaults."""
     return api.simulate_dcp_topk_merge(logits, row_ends, topk=topk, local_topk=local_topk or None,
-                                       impl=impl or None, interleave=interleave, sorted=sorted, row_starts=row_starts)
+                                       impl=impl or None, interleave=interleave, sorted=sorted, row_starts=row_starts,
+                                       score_dtype=score_dtype)
 
 
 @simulate_merge.register_fake
-def _(logits, row_ends, topk, local_topk, impl, interleave, sorted, row_starts=None):
+def _(logits, row_ends, topk, local_topk, impl, interleave, sorted, row_starts=None, score_dtype=None):
     return logits.new_empty((logits.shape[0], logits.shape[1], topk), dtype=torch.int32)

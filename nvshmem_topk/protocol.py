@@ -96,6 +96,14 @@ def backend(impl: str):
     return ReferenceBackend() if impl == "reference" else TritonBackend()
 
 
+def check_impl_scores(impl: str, score_bits: int) -> None:
+    """Exact fp32 order (32-bit scores) runs on the reference only: the
+    Triton kernels rank 16-bit scores."""
+    if impl == "triton" and score_bits != 16:
+        raise ValueError("score_dtype=torch.float32 (exact fp32 order) runs on impl='reference' only so far; "
+                         "impl='triton' ranks bf16 or fp16 order (score_dtype=None)")
+
+
 class ReferenceBackend:
     """The protocol in eager torch (host-side bounded waits; syncs freely)."""
 
@@ -105,12 +113,13 @@ class ReferenceBackend:
         return (max_local_len,)
 
     @staticmethod
-    def pack(logits, row_ends, out, *, local_topk, max_local_len, row_starts=None, pdl=False):  # pdl: no kernels
-        out.copy_(reference.pack(logits, row_ends, local_topk, max_local_len, row_starts))
+    def pack(logits, row_ends, out, *, local_topk, max_local_len, row_starts=None, pdl=False,  # pdl: no kernels
+             score_bits=16):
+        out.copy_(reference.pack(logits, row_ends, local_topk, max_local_len, row_starts, score_bits=score_bits))
 
     @staticmethod
-    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, row_starts=None, pdl=False):
-        out.copy_(reference.pack_indices(logits, local_idx, row_ends, max_local_len, row_starts))
+    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, row_starts=None, pdl=False, score_bits=16):
+        out.copy_(reference.pack_indices(logits, local_idx, row_ends, max_local_len, row_starts, score_bits))
 
     @staticmethod
     def push_rows(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
@@ -124,7 +133,7 @@ class ReferenceBackend:
     @classmethod
     def pack_and_push(cls, ws: DcpTopkWorkspace, logits, row_ends, out, row_starts=None) -> None:
         cls.pack(logits, row_ends, out, local_topk=ws.local_topk, max_local_len=ws.max_local_len,
-                 row_starts=row_starts)
+                 row_starts=row_starts, score_bits=ws.score_bits)
         cls.push_rows(ws, out)
 
     @staticmethod
@@ -138,15 +147,16 @@ class ReferenceBackend:
         selected, sat = reference.select(
             gathered(ws, epochs), topk=ws.topk, local_topk=ws.local_topk,
             world_size=ws.world_size, interleave=ws.interleave, max_local_len=ws.max_local_len,
+            score_bits=ws.score_bits,
         )
         ws.sat[:rows] = sat
         _emit(ws, selected, torch.arange(rows, device=ws.device), out)
-        mask = fmt.sat_mask(sat)
+        mask = fmt.sat_mask(sat, ws.score_bits)
         mine = ((mask >> ws.rank) & 1).nonzero().flatten()
         if mine.numel():
             starts = None if row_starts is None else row_starts[mine]
             pushed = reference.pack(logits[mine], row_ends[mine], ws.list_len, ws.max_local_len, starts,
-                                    fmt.list_floor(sat[mine], ws.gid_bits))
+                                    fmt.list_floor(sat[mine], ws.gid_bits, ws.score_bits), ws.score_bits)
             slot = reference.rescue_slot(mask[mine], ws.rank)
             for peer_recv, peer_flags in zip(ws.recv.peers, ws.flags.peers):
                 peer_recv[mine, slot] = pushed
@@ -156,7 +166,7 @@ class ReferenceBackend:
     def rescue(ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
         epochs = call_epochs(ws, rows)
         sat = ws.sat[:rows]
-        mask = fmt.sat_mask(sat)
+        mask = fmt.sat_mask(sat, ws.score_bits)
         ranks = torch.arange(ws.world_size, device=ws.device)[:, None]
         need = ((mask[None, :] >> ranks) & 1).bool()
         missing = reference.wait_flags(ws.flags.local[1, :, :rows], need, epochs, ws.timeout_s)
@@ -168,7 +178,7 @@ class ReferenceBackend:
             selected = reference.rescue(
                 gathered(ws, epochs)[:, todo], sat[todo], ws.recv.local[todo], topk=ws.topk,
                 local_topk=ws.local_topk, world_size=ws.world_size, interleave=ws.interleave,
-                max_local_len=ws.max_local_len,
+                max_local_len=ws.max_local_len, score_bits=ws.score_bits,
             )
             _emit(ws, selected, todo, out)
         ws.epochs[:rows] = epochs
@@ -209,16 +219,18 @@ class TritonBackend:
         return tuple(dict.fromkeys((min(pack.SHORT_ROWS, max_local_len), max_local_len)))
 
     @staticmethod
-    def pack(logits, row_ends, out, *, local_topk, max_local_len, row_starts=None, pdl=False):
+    def pack(logits, row_ends, out, *, local_topk, max_local_len, row_starts=None, pdl=False, score_bits=16):
         from .kernels import pack
 
+        assert score_bits == 16, "checked by check_impl_scores"
         pack.pack(out, logits, row_starts, row_ends, local_topk=local_topk,
                   max_local_len=max_local_len, pdl=pdl)
 
     @staticmethod
-    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, row_starts=None, pdl=False):
+    def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, row_starts=None, pdl=False, score_bits=16):
         from .kernels import pack
 
+        assert score_bits == 16, "checked by check_impl_scores"
         pack.pack_indices(out, logits, local_idx, row_starts, row_ends, max_local_len=max_local_len, pdl=pdl)
 
     @staticmethod
@@ -329,7 +341,7 @@ def run_merge(workspaces: list[DcpTopkWorkspace], logits, row_ends, outputs: lis
                 impl.pack_and_push(ws, logits[r][:rows], row_ends[r][:rows], mine, first)
                 continue
             impl.pack(logits[r][:rows], row_ends[r][:rows], mine, local_topk=ws.local_topk,
-                      max_local_len=ws.max_local_len, row_starts=first, pdl=ws.pdl)
+                      max_local_len=ws.max_local_len, row_starts=first, pdl=ws.pdl, score_bits=ws.score_bits)
         exchange(ws, mine)
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):
         impl.select(ws, logits[r], row_ends[r], rows, outputs[r], starts[r])

@@ -39,22 +39,22 @@ def row_window(row_starts: torch.Tensor | None, row_ends: torch.Tensor, limit: i
 
 def local_topk_indices(
     logits: torch.Tensor, row_ends: torch.Tensor, k: int, max_local_len: int,
-    row_starts: torch.Tensor | None = None, floor: torch.Tensor | None = None,
+    row_starts: torch.Tensor | None = None, floor: torch.Tensor | None = None, score_bits: int = 16,
 ) -> torch.Tensor:
     """Local top-``k`` by (score desc, local id asc).
 
-    logits: [T, S] bf16 or fp16 (or fp32, rounded to bf16); row_ends and
-    row_starts: [T] int32 or int64 (no starts: 0). Token l of row t is valid
-    iff row_starts[t] <= l < min(row_ends[t], S, max_local_len), its score
-    is not NaN and its ord16 is at least floor[t] ([T] int, None: 0).
+    logits: [T, S] bf16 or fp16 (or fp32: rounded to bf16 with 16-bit
+    ``score_bits``, exact with 32); row_ends and row_starts: [T] int32 or
+    int64 (no starts: 0). Token l of row t is valid iff row_starts[t] <= l
+    < min(row_ends[t], S, max_local_len), its score is not NaN and its
+    ord16 (ord32) is at least floor[t] ([T] int, None: 0).
     Returns [T, k] int64 local ids in ascending order, then -1 (rows with
     fewer than k valid tokens)."""
     rows, width = logits.shape
-    bits = fmt.score16_bits(logits)
     local = torch.arange(width, device=logits.device)
     start, end = row_window(row_starts, row_ends, min(width, max_local_len))
-    score = fmt.ord16(bits)
-    valid = (local >= start[:, None]) & (local < end[:, None]) & ~fmt.is_nan_bits(bits)
+    score, scored = fmt.score_order(logits, score_bits)
+    valid = (local >= start[:, None]) & (local < end[:, None]) & scored
     if floor is not None:
         valid &= score >= floor[:, None]
     keys = torch.where(valid, fmt.local_key(score, local), 0)
@@ -67,34 +67,36 @@ def local_topk_indices(
 
 def pack_indices(
     logits: torch.Tensor, local_idx: torch.Tensor, row_ends: torch.Tensor, max_local_len: int,
-    row_starts: torch.Tensor | None = None,
+    row_starts: torch.Tensor | None = None, score_bits: int = 16,
 ) -> torch.Tensor:
     """Pack given local ids (``[T, n]``, any int dtype, -1 padded) of the
-    scores ``logits`` ``[T, S]`` into int32 ``[T, packed_row_words(n, P)]``,
-    P = ``num_planes(max_local_len)``. Slot j keeps candidate j; an id outside
-    [row_starts[t], min(row_ends[t], S, max_local_len)) or with a NaN score
-    is an empty (0) slot."""
+    scores ``logits`` ``[T, S]`` into int32 ``[T, packed_row_words(n, P,
+    score_bits)]``, P = ``num_planes(max_local_len)``. Slot j keeps
+    candidate j; an id outside [row_starts[t], min(row_ends[t], S,
+    max_local_len)) or with a NaN score is an empty (0) slot."""
     width = logits.shape[1]
     idx = local_idx.long()
     start, end = row_window(row_starts, row_ends, min(width, max_local_len))
     inside = (idx >= start[:, None]) & (idx < end[:, None])
     # One padding column: rows of width 0 still have an index 0 to gather.
-    bits = torch.nn.functional.pad(fmt.score16_bits(logits), (0, 1)).gather(1, torch.where(inside, idx, 0))
-    present = inside & ~fmt.is_nan_bits(bits)
-    words = torch.where(present, fmt.make_words(fmt.ord16(bits), idx), 0)
-    return fmt.pack_rows(words, torch.where(present, idx, 0), fmt.num_planes(max_local_len))
+    at = torch.where(inside, idx, 0)
+    score, scored = (torch.nn.functional.pad(v, (0, 1)).gather(1, at) for v in fmt.score_order(logits, score_bits))
+    present = inside & scored
+    words = torch.where(present, fmt.make_words(score, idx, score_bits), 0)
+    low = torch.where(present, score & 0xFFFF, 0) if score_bits == 32 else None
+    return fmt.pack_rows(words, torch.where(present, idx, 0), fmt.num_planes(max_local_len), low)
 
 
 def pack(
     logits: torch.Tensor, row_ends: torch.Tensor, local_topk: int, max_local_len: int,
-    row_starts: torch.Tensor | None = None, floor: torch.Tensor | None = None,
+    row_starts: torch.Tensor | None = None, floor: torch.Tensor | None = None, score_bits: int = 16,
 ) -> torch.Tensor:
-    """Round-1 packed rows ``[T, packed_row_words(N, P)]`` int32: the local
-    top-N in ascending local id order, empty slots (0) last. With
-    ``local_topk = format.list_len(K)`` and ``floor = format.list_floor``
-    this is the list a saturated rank pushes."""
-    idx = local_topk_indices(logits, row_ends, local_topk, max_local_len, row_starts, floor)
-    return pack_indices(logits, idx, row_ends, max_local_len, row_starts)
+    """Round-1 packed rows ``[T, packed_row_words(N, P, score_bits)]``
+    int32: the local top-N in ascending local id order, empty slots (0)
+    last. With ``local_topk = format.list_len(K)`` and ``floor =
+    format.list_floor`` this is the list a saturated rank pushes."""
+    idx = local_topk_indices(logits, row_ends, local_topk, max_local_len, row_starts, floor, score_bits)
+    return pack_indices(logits, idx, row_ends, max_local_len, row_starts, score_bits)
 
 
 # ---------------------------------------------------------------- select
@@ -102,14 +104,14 @@ def pack(
 
 def decode_keys(
     packed: torch.Tensor, owner, *, num_candidates: int, world_size: int, interleave: int,
-    max_local_len: int,
+    max_local_len: int, score_bits: int = 16,
 ) -> torch.Tensor:
     """Packed rows ``[..., words]`` of rank(s) ``owner`` (an int or a tensor
     broadcasting against ``[..., n]``) -> int64 keys ``[..., n]``, 0 = empty."""
-    ord16, local, present = fmt.unpack_rows(packed, num_candidates, fmt.num_planes(max_local_len))
+    order, local, present = fmt.unpack_rows(packed, num_candidates, fmt.num_planes(max_local_len), score_bits)
     gid = fmt.global_id(local, owner, world_size, interleave)
     gid_bits = fmt.global_id_bits(world_size, interleave, max_local_len)
-    return fmt.make_keys(ord16, gid, present, gid_bits)
+    return fmt.make_keys(order, gid, present, gid_bits)
 
 
 def top_keys(keys: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,29 +131,30 @@ def top_keys(keys: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def round1_keys(
-    gathered: torch.Tensor, *, local_topk: int, world_size: int, interleave: int, max_local_len: int
+    gathered: torch.Tensor, *, local_topk: int, world_size: int, interleave: int, max_local_len: int,
+    score_bits: int = 16,
 ) -> torch.Tensor:
     """Gathered round-1 rows ``[W, T, words]`` -> keys ``[T, W, N]``."""
     owner = torch.arange(world_size, device=gathered.device)[:, None, None]
     keys = decode_keys(
         gathered, owner, num_candidates=local_topk, world_size=world_size,
-        interleave=interleave, max_local_len=max_local_len,
+        interleave=interleave, max_local_len=max_local_len, score_bits=score_bits,
     )
     return keys.transpose(0, 1)
 
 
 def select(
     gathered: torch.Tensor, *, topk: int, local_topk: int, world_size: int, interleave: int,
-    max_local_len: int,
+    max_local_len: int, score_bits: int = 16,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Round-1 select of the gathered rows ``[W, T, words]`` int32.
 
     Returns the selected keys ``[T, K]`` int64 (candidate order, 0 padded)
-    and the saturation state ``[T]`` int64 (``format.sat_word``): rank q is
-    saturated iff it sent N words and its smallest sent key >= kappa."""
+    and the saturation state (``format.sat_word``): rank q is saturated
+    iff it sent N words and its smallest sent key >= kappa."""
     keys = round1_keys(
         gathered, local_topk=local_topk, world_size=world_size, interleave=interleave,
-        max_local_len=max_local_len,
+        max_local_len=max_local_len, score_bits=score_bits,
     )
     selected, kappa = top_keys(keys.flatten(1), topk)
     present = keys != 0
@@ -161,7 +164,7 @@ def select(
     bit = torch.ones(1, dtype=torch.int64, device=keys.device) << torch.arange(
         world_size, device=keys.device
     )
-    return selected, fmt.sat_word((saturated.long() * bit).sum(-1), kappa)
+    return selected, fmt.sat_word((saturated.long() * bit).sum(-1), kappa, score_bits)
 
 
 def rescue_slot(mask: torch.Tensor, rank) -> torch.Tensor:
@@ -172,19 +175,21 @@ def rescue_slot(mask: torch.Tensor, rank) -> torch.Tensor:
 
 def rescue(
     gathered: torch.Tensor, sat: torch.Tensor, received: torch.Tensor, *, topk: int,
-    local_topk: int, world_size: int, interleave: int, max_local_len: int,
+    local_topk: int, world_size: int, interleave: int, max_local_len: int, score_bits: int = 16,
 ) -> torch.Tensor:
     """Second round: the top-K over {round-1 words of unsaturated ranks with
     key >= kappa} U {the pushed lists of saturated ranks}, in that order.
 
-    gathered: [W, T, words] int32 round-1 rows; sat: [T] int64 saturation
-    state; received: [T, K // N, packed_row_words(L, P)] int32 pushed lists,
-    L = ``format.list_len(K)`` (slot ``rescue_slot(mask, q)`` holds rank q's). Returns selected keys
-    [T, K] int64 in candidate order; meaningful for rows with a mask."""
-    mask, kappa = fmt.sat_mask(sat), fmt.sat_kappa(sat)
+    gathered: [W, T, words] int32 round-1 rows; sat: the rows' saturation
+    states (``format.sat_word``); received: [T, K // N,
+    packed_row_words(L, P, score_bits)] int32 pushed lists, L =
+    ``format.list_len(K)`` (slot ``rescue_slot(mask, q)`` holds rank q's).
+    Returns selected keys [T, K] int64 in candidate order; meaningful for
+    rows with a mask."""
+    mask, kappa = fmt.sat_mask(sat, score_bits), fmt.sat_kappa(sat, score_bits)
     keys = round1_keys(
         gathered, local_topk=local_topk, world_size=world_size, interleave=interleave,
-        max_local_len=max_local_len,
+        max_local_len=max_local_len, score_bits=score_bits,
     )
     ranks = torch.arange(world_size, device=sat.device)
     saturated = ((mask[:, None] >> ranks) & 1).bool()
@@ -193,7 +198,7 @@ def rescue(
     listed = fmt.list_len(topk)
     pushed = decode_keys(
         received[rows, slot], ranks[None, :, None], num_candidates=listed, world_size=world_size,
-        interleave=interleave, max_local_len=max_local_len,
+        interleave=interleave, max_local_len=max_local_len, score_bits=score_bits,
     ) if received.shape[1] else torch.zeros(keys.shape[:2] + (listed,), dtype=torch.int64, device=keys.device)
     seen = torch.where(~saturated[..., None] & (keys >= kappa[:, None, None]), keys, 0)
     pushed = torch.where(saturated[..., None], pushed, 0)

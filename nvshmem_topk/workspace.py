@@ -46,9 +46,9 @@ class DcpTopkWorkspace:
     """Symmetric and local buffers of one in-flight merge on one rank.
 
     Symmetric (allocated through the group, same shape on every rank):
-      gather  int32 [2, W, max_rows, packed_row_words(N, P)]: round-1 rows,
+      gather  int32 [2, W, max_rows, packed_row_words(N, P, score_bits)]: round-1 rows,
               by epoch parity, then by sender.
-      recv    int32 [max_rows, K // N, packed_row_words(L, P)]: pushed lists
+      recv    int32 [max_rows, K // N, packed_row_words(L, P, score_bits)]: pushed lists
               of saturated ranks (L = format.list_len(K), K rounded up to
               32), slot = popcount(mask & ((1 << q) - 1)).
       flags   int32 [2, W, max_rows]: [0, q, t] = epoch of q's round-1 row t,
@@ -63,7 +63,8 @@ class DcpTopkWorkspace:
               exchange only).
     Local:
       epochs  int32 [max_rows]: last finished epoch of each row.
-      sat     int64 [max_rows]: saturation state of each row's last select.
+      sat     int64 [max_rows] ([max_rows, 2] with 32-bit scores): saturation
+              state of each row's last select (``format.sat_word``).
       status  int32 [4]: (failed, row, rank, epoch) of an expired wait.
       scratch, arrivals, ties, selected (impl "triton"): the kernels'
               scratch (``kernels.pack.scratch_words``, ``kernels.select``).
@@ -74,10 +75,11 @@ class DcpTopkWorkspace:
 
     def __init__(
         self, group: DcpGroup, *, max_rows: int, topk: int, local_topk: int, max_local_len: int,
-        interleave: int, impl: str, exchange: str, timeout_s: float, pdl: bool,
+        interleave: int, impl: str, exchange: str, timeout_s: float, pdl: bool, score_bits: int = 16,
     ) -> None:
         _check_same_settings(group, max_rows=max_rows, topk=topk, local_topk=local_topk,
-                             max_local_len=max_local_len, interleave=interleave, impl=impl, exchange=exchange)
+                             max_local_len=max_local_len, interleave=interleave, impl=impl, exchange=exchange,
+                             score_bits=score_bits)
         self.group = group
         self.rank = group.rank
         self.world_size = group.world_size
@@ -93,9 +95,10 @@ class DcpTopkWorkspace:
         self.exchange = exchange
         self.timeout_s = timeout_s
         self.pdl = pdl  # kernels launched as programmatic dependents of the one before (GPUs)
-        self.row_words = fmt.packed_row_words(local_topk, self.planes)
+        self.score_bits = score_bits  # 16: bf16 or fp16 order (fp32 rounded to bf16); 32: fp32 order
+        self.row_words = fmt.packed_row_words(local_topk, self.planes, score_bits)
         self.list_len = fmt.list_len(topk)
-        self.push_words = fmt.packed_row_words(self.list_len, self.planes)
+        self.push_words = fmt.packed_row_words(self.list_len, self.planes, score_bits)
         self.slots = fmt.rescue_slots(topk, local_topk)
         w = self.world_size
         self.gather = group.alloc_symmetric((2, w, max_rows, self.row_words), torch.int32)
@@ -116,7 +119,8 @@ class DcpTopkWorkspace:
             self.ties = torch.empty((max_rows, keys.TIE_TILE), dtype=torch.int64, device=self.device)
             self.selected = torch.empty((max_rows, select.rescue_keys(topk)), dtype=torch.int64, device=self.device)
         self.epochs = torch.zeros(max_rows, dtype=torch.int32, device=self.device)
-        self.sat = torch.zeros(max_rows, dtype=torch.int64, device=self.device)
+        none = torch.zeros(max_rows, dtype=torch.int64, device=self.device)
+        self.sat = fmt.sat_word(none, none, score_bits)
         # Host memory the kernels can write (mapped pinned memory on CUDA), so
         # the coordinator can look at it without a device synchronisation.
         self.status = torch.zeros(4, dtype=torch.int32, pin_memory=self.device.type == "cuda")

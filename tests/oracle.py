@@ -11,13 +11,14 @@ def global_id(local: np.ndarray, rank: int, world_size: int, interleave: int) ->
     return (local // interleave) * (world_size * interleave) + rank * interleave + local % interleave
 
 
-def oracle_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interleave: int = 1, row_starts=None):
+def oracle_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interleave: int = 1, row_starts=None,
+                score_dtype=None):
     """logits [W, T, S], row_ends (and row_starts) [W, T] -> per row the list
     of global ids of the top-K valid tokens, by score desc (-0 below +0),
     then global id asc: bf16 and fp16 scores as they are, fp32 rounded to
-    bf16."""
+    bf16 unless ``score_dtype`` is torch.float32."""
     world_size, rows, width = logits.shape
-    exact = logits.dtype in (torch.bfloat16, torch.float16)
+    exact = logits.dtype in (torch.bfloat16, torch.float16) or score_dtype == torch.float32
     scores = (logits if exact else logits.to(torch.bfloat16)).float().numpy()
     out = []
     for t in range(rows):
