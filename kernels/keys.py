@@ -13,6 +13,22 @@ SAT_MASK_SHIFT = tl.constexpr(fmt.SAT_MASK_SHIFT)
 SAT_KAPPA_MASK = tl.constexpr(fmt.SAT_KAPPA_MASK)
 MIN_VALID = tl.constexpr(fmt.MIN_VALID_ORD16)  # every valid score's ord16 is at least this; 0 is "none"
 MAX_PEERS = tl.constexpr(fmt.MAX_WORLD_SIZE)
+NO_SCORE32 = tl.constexpr(-(1 << 31))  # ``folded32`` of NaN: below every score
+
+
+@triton.constexpr_function
+def low_halves_at(n, planes):
+    """Where a 32-bit-score row's low score halves start, in int32 words:
+    after the words and the planes (``format.packed_row_words``, which a
+    kernel cannot call; tests hold the two equal)."""
+    return n + planes * (n // 32)
+
+
+@triton.constexpr_function
+def packed_words(n, planes, score_bits):
+    """``format.packed_row_words`` in kernels: the low halves (32-bit
+    scores) take n / 2 words more."""
+    return low_halves_at(n, planes) + (n // 2 if score_bits == 32 else 0)
 
 
 @triton.jit
@@ -60,17 +76,37 @@ def is_nan_bits(bits):
 
 
 @triton.jit
+def folded32(x):
+    """The fp32 order of the scores ``x`` (any float; bf16 widened on its
+    bits, exactly, as the interpreter's conversion is not for subnormals)
+    as a signed int32, ord32 - 2^31 (``format.ord32``), NO_SCORE32 for NaN:
+    its top 16 bits + 0x8000 are the word's score, its low 16 bits the
+    low half."""
+    if x.dtype == tl.bfloat16:
+        bits = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
+    else:
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+    return tl.where(x != x, NO_SCORE32, bits ^ ((bits >> 31) & 0x7FFFFFFF))
+
+
+@triton.jit
 def decode_keys(row_ptr, slot, owner, present_mask, NUM: tl.constexpr, PLANES: tl.constexpr,
-                WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
+                WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr,
+                SCORE_BITS: tl.constexpr = 16):
     """Keys (int64, 0 = empty) of candidates ``slot`` of the packed row(s) at
-    ``row_ptr`` (int32 pointers, broadcasting with ``slot``) sent by ``owner``."""
+    ``row_ptr`` (int32 pointers, broadcasting with ``slot``) sent by ``owner``;
+    with 32-bit scores the word's score and its low half make the ord32."""
     word = tl.load(row_ptr + slot, mask=present_mask, other=0).to(tl.int64) & 0xFFFFFFFF
     local = 0xFFFF - (word & 0xFFFF)
     for p in tl.static_range(PLANES):
         plane = tl.load(row_ptr + NUM + p * (NUM // 32) + slot // 32, mask=present_mask, other=0)
         local |= ((plane >> (slot % 32)) & 1).to(tl.int64) << (LOW_BITS + p)
     gid = (local // INTERLEAVE) * (WORLD * INTERLEAVE) + owner * INTERLEAVE + local % INTERLEAVE
-    key = ((word >> LOW_BITS) << GID_BITS) | ((1 << GID_BITS) - 1 - gid)
+    score = word >> LOW_BITS
+    if SCORE_BITS == 32:
+        halves = (row_ptr + low_halves_at(NUM, PLANES)).to(tl.pointer_type(tl.int16))
+        score = (score << 16) | (tl.load(halves + slot, mask=present_mask, other=0).to(tl.int64) & 0xFFFF)
+    key = (score << GID_BITS) | ((1 << GID_BITS) - 1 - gid)
     return tl.where(word != 0, key, 0)
 
 
@@ -209,7 +245,7 @@ def _anchored_boundary(level, present, need, lowest):
 def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr, lowest=None):
     """(kth, selected): the k-th largest of the unique non-negative int64
     ``keys`` (a 2-D tensor; 0 = empty) whose top 16 of KEY_BITS bits are an
-    ord16 score, or 0 when fewer than k are non-zero; and how many keys are
+    ord16 score (or an ord32's top half), or 0 when fewer than k are non-zero; and how many keys are
     selected by it (k, or every non-zero key when fewer), which the emit would
     otherwise count with a block-wide sum. First one histogram of how far each
     key's level (its score without the lowest bit) lies below the top level (bin

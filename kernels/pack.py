@@ -18,10 +18,11 @@ import triton
 import triton.language as tl
 
 from . import spread
-from .keys import is_nan_bits, ord16, packed_word, score_bits
+from .keys import NO_SCORE32, folded32, is_nan_bits, low_halves_at, ord16, packed_word, packed_words, score_bits
 from .launch import Launch
-from .rows import (above_and_ties, any_width, bisected_threshold, kept_slots, line_positions, publish_row,
-                   list_floor, load_tokens, row_target, row_window, token_ord16, zero_row_from)
+from .rows import (above_and_ties, above_and_ties32, any_width, bisected_threshold, bisected_threshold32, kept_slots,
+                   line_positions, publish_row, list_floor, load_tokens, row_target, row_window, token_ord16,
+                   zero_row_from)
 from .sync import after_prior_kernel
 
 SHORT_ROWS = 16384  # calls this wide or narrower: a program a row (``row_kernel``); at most 2^14 (its scan)
@@ -31,46 +32,83 @@ ROW_WARPS = 16  # 32 tokens a thread: the merge's fastest on the H200 (docs/perf
 @any_width
 def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
                LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, ROW: tl.constexpr,
-               WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+               WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
     """The whole local top-N of a short row (ROW tokens, a power of 2 up to
     SHORT_ROWS) in one program: the row held in registers as lines of 8
     adjacent tokens, its threshold by ``bisected_threshold`` (the same
-    counts for any scores), then one scan in token order
-    (``line_positions``) of ``above_and_ties`` places the kept ones; the
-    rest of the packed row is zeroed (no id reaches 2^16: every plane bit is
-    0). A pushed list's row is read before the prior kernel ends, up to the
-    call's width (its window is read after)."""
+    counts for any scores; 32-bit scores, ``bisected_threshold32``), then
+    one scan in token order (``line_positions``) of ``above_and_ties``
+    places the kept ones; the rest of the packed row is zeroed (no id
+    reaches 2^16: every plane bit is 0). A pushed list's row is read before
+    the prior kernel ends, up to the call's width (its window is read
+    after)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
-    words: tl.constexpr = N + PLANES * (N // 32)
+    words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
     row = tl.program_id(0).to(tl.int64)
     local = tl.arange(0, ROW // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]  # 8 adjacent tokens a thread
     row_ptrs = logits_ptr + row * logits_stride + local
     if LIST:  # the scores were written before the pack, two kernels back: read while the select runs
         x = load_tokens(row_ptrs, local < width_limit, width_limit >= ROW)
     after_prior_kernel(PDL)
-    active, offset = row_target(row, sat_ptr, rank, words, SLOTS, LIST)
+    active, offset = row_target(row, sat_ptr, rank, words, SLOTS, LIST, SCORE_BITS)
     if active:
         start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
         inside = (local >= start) & (local < end)
-        if LIST:
-            # A pushed list holds only tokens at or above kappa's level: when
-            # at most N are, they are the list, and no count picks them.
-            floor = list_floor(sat_ptr, row, KAPPA_SHIFT)
-            score = token_ord16(x)
-            score = tl.where(inside & (score >= floor), score, 0)
-            above = tl.sum(tl.sum((score != 0).to(tl.int32), axis=1), axis=0)
-            threshold = tl.zeros((), dtype=tl.int32)  # every valid token is above it
-            if above > N:
-                threshold, above = bisected_threshold(score, N, floor, 0xFFFF)
+        if not LIST:
+            x = load_tokens(row_ptrs, inside, (start == 0) & (end == ROW))
+        if SCORE_BITS == 32:
+            _row_top_n32(out_ptr + offset, x, inside, local, sat_ptr, row, N, PLANES, LIST, KAPPA_SHIFT)
         else:
-            score = token_ord16(load_tokens(row_ptrs, inside, (start == 0) & (end == ROW)))
-            threshold, above = bisected_threshold(score, N, 0, 0xFFFF)
-        counts = above_and_ties(score, threshold)
-        slot, keep, kept = kept_slots(counts, line_positions(counts), threshold, above, N)
-        out_row = out_ptr + offset
-        tl.store(out_row + slot, packed_word(score, local), mask=keep)
-        zero_row_from(out_row, kept, words, 1024)
+            _row_top_n16(out_ptr + offset, x, inside, local, sat_ptr, row, N, PLANES, LIST, KAPPA_SHIFT)
         publish_row(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
+
+
+@triton.jit
+def _row_top_n16(out_row, x, inside, local, sat_ptr, row, N: tl.constexpr, PLANES: tl.constexpr,
+                 LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr):
+    """``row_kernel``'s packed top-N by the 16-bit order of the scores ``x``
+    (NaN outside the row, ``inside`` its window)."""
+    score = token_ord16(x)
+    if LIST:
+        # A pushed list holds only tokens at or above kappa's level: when
+        # at most N are, they are the list, and no count picks them.
+        floor = list_floor(sat_ptr, row, KAPPA_SHIFT)
+        score = tl.where(inside & (score >= floor), score, 0)
+        above = tl.sum(tl.sum((score != 0).to(tl.int32), axis=1), axis=0)
+        threshold = tl.zeros((), dtype=tl.int32)  # every valid token is above it
+        if above > N:
+            threshold, above = bisected_threshold(score, N, floor, 0xFFFF)
+    else:
+        threshold, above = bisected_threshold(score, N, 0, 0xFFFF)
+    counts = above_and_ties(score, threshold)
+    slot, keep, kept = kept_slots(counts, line_positions(counts), threshold, above, N)
+    tl.store(out_row + slot, packed_word(score, local), mask=keep)
+    zero_row_from(out_row, kept, N + PLANES * (N // 32), 1024)
+
+
+@triton.jit
+def _row_top_n32(out_row, x, inside, local, sat_ptr, row, N: tl.constexpr, PLANES: tl.constexpr,
+                 LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr):
+    """``_row_top_n16`` by the fp32 order of the scores: the words hold the
+    orders' top halves; the low halves follow, stored as int16 (two
+    candidates share a word)."""
+    order = tl.where(inside, folded32(x), NO_SCORE32)
+    if LIST:
+        floor = list_floor(sat_ptr, row, KAPPA_SHIFT, 32)
+        order = tl.where(order >= (floor - 0x80000000).to(tl.int32), order, NO_SCORE32)
+        above = tl.sum(tl.sum((order != NO_SCORE32).to(tl.int32), axis=1), axis=0)
+        threshold = tl.full((), NO_SCORE32, tl.int32)  # every valid token is above it
+        if above > N:
+            threshold, above = bisected_threshold32(order, N, (floor - 0x80000000).to(tl.int32))
+    else:
+        threshold, above = bisected_threshold32(order, N, NO_SCORE32)
+    counts = above_and_ties32(order, threshold)
+    slot, keep, kept = kept_slots(counts, line_positions(counts), (threshold != NO_SCORE32).to(tl.int32), above, N)
+    tl.store(out_row + slot, packed_word((order >> 16) + 0x8000, local), mask=keep)
+    halves = (out_row + low_halves_at(N, PLANES)).to(tl.pointer_type(tl.int16))
+    tl.store(halves + slot, order.to(tl.int16), mask=keep)  # its low 16 bits
+    zero_row_from(out_row, kept, low_halves_at(N, PLANES), 1024)
+    zero_row_from(halves, kept, N, 1024)
 
 
 # ---------------------------------------------------------------- launcher
@@ -98,15 +136,16 @@ class Publish:
     library_peers: int = 0
 
 
-def _planes(words: int, n: int) -> int:
-    return (words - n) // (n // 32)
+def _planes(words: int, n: int, score_bits: int) -> int:
+    return (words - packed_words(n, 0, score_bits)) // (n // 32)
 
 
 def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
-             publish: Publish | None = None, pdl: bool = False) -> list[Launch]:
+             publish: Publish | None = None, pdl: bool = False, score_bits: int = 16) -> list[Launch]:
     """The launches of ``select_local``: one (``row_kernel``) for calls at
     most SHORT_ROWS wide, else the four of the spread pipeline, each
-    compiled for the widest call of its class; none for no rows."""
+    compiled for the widest call of its class; none for no rows. 32-bit
+    scores: short rows only so far."""
     rows, width = logits.shape
     if rows == 0:
         return []
@@ -117,32 +156,35 @@ def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, s
     rows_arg = (logits, row_starts, row_ends, pub.sat if listing else row_ends, logits.stride(0), scratch.stride(0),
                 pub.rank)
     peers_arg = (arrivals, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, pub.max_rows)
-    target = dict(N=n, PLANES=_planes(words, n), SLOTS=max(pub.list_slots, 1), LIST=listing,
+    target = dict(N=n, PLANES=_planes(words, n, score_bits), SLOTS=max(pub.list_slots, 1), LIST=listing,
                   KAPPA_SHIFT=pub.gid_bits if listing else 0, PDL=pdl)
     peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers)
     if limit <= SHORT_ROWS:
         row = max(triton.next_power_of_2(min(max_local_len, SHORT_ROWS)), 1024)
         return [Launch(row_kernel, (rows,), (out, rows_arg, limit, peers_arg),
-                       dict(target, ROW=row, **peers), ROW_WARPS)]
+                       dict(target, ROW=row, **peers, SCORE_BITS=score_bits), ROW_WARPS)]
+    assert score_bits == 16, "32-bit scores: rows of at most SHORT_ROWS tokens"
     pairs = logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0 and logits.data_ptr() % 4 == 0
     return spread.launches(out, scratch, rows_arg, peers_arg, limit, n=n, max_local_len=max_local_len, pairs=pairs,
                            target=target, peers=peers)
 
 
 def select_local(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
-                 publish: Publish | None = None, pdl: bool = False) -> None:
+                 publish: Publish | None = None, pdl: bool = False, score_bits: int = 16) -> None:
     """The packed local top-``n`` of every row of ``logits`` [T, S] (bf16,
     fp16 or fp32, stride(1) == 1; tokens row_starts[t] <= l < row_ends[t]
-    valid, each [T] int32 or int64; row_starts None: 0) into ``out``: int32
-    [T, n + P*n/32] (round 1), or, for pushed lists, the receive buffer
-    [max_rows, slots, n + P*n/32] (rows where this rank is saturated only).
+    valid, each [T] int32 or int64; row_starts None: 0), ranked by their
+    ``score_bits`` order (``format.score_order``), into ``out``: int32
+    [T, words] (round 1), or, for pushed lists, the receive buffer
+    [max_rows, slots, words] (rows where this rank is saturated only);
+    words = ``format.packed_row_words(n, P, score_bits)``.
     scratch: int32 [>= T, scratch_words(n, max_local_len)] and
     arrivals: int32 [>= T], zero between calls (the kernels leave them so),
     are the spread pipeline's (arrivals read only where it publishes rows;
     calls at most SHORT_ROWS wide read neither). pdl: launch each kernel as a
     programmatic dependent of the one before it (GPUs only)."""
     for launch in pipeline(out, logits, row_starts, row_ends, n=n, max_local_len=max_local_len, scratch=scratch,
-                           arrivals=arrivals, publish=publish, pdl=pdl):
+                           arrivals=arrivals, publish=publish, pdl=pdl, score_bits=score_bits):
         launch()
 
 
@@ -163,28 +205,28 @@ def scratch_for(rows: int, n: int, max_local_len: int, device, *, publishing: bo
 
 
 def pack(out, logits, row_starts, row_ends, *, local_topk: int, max_local_len: int, push: Publish | None = None,
-         scratch=None, pdl: bool = False) -> None:
-    """Round 1: out int32 [T, N + P*N/32] (P read off its width). ``push``,
+         scratch=None, pdl: bool = False, score_bits: int = 16) -> None:
+    """Round 1: out int32 [T, packed_row_words(N, P, score_bits)] (P read
+    off its width). ``push``,
     when given (every peer reached by address), also pushes each finished
     row to every peer's gather buffer and raises its flag. ``scratch``:
     (scratch, arrivals) as ``scratch_for`` makes them."""
     scratch, arrivals = scratch or scratch_for(logits.shape[0], local_topk, max_local_len, out.device,
                                                publishing=push is not None)
     select_local(out, logits, row_starts, row_ends, n=local_topk, max_local_len=max_local_len, scratch=scratch,
-                 arrivals=arrivals, publish=push, pdl=pdl)
+                 arrivals=arrivals, publish=push, pdl=pdl, score_bits=score_bits)
 
 
 @any_width
 def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_starts_ptr, row_ends_ptr, logits_stride, idx_stride,
                         width_limit, N: tl.constexpr, PLANES: tl.constexpr, GROUPS: tl.constexpr,
-                        PDL: tl.constexpr):
+                        PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
     """Slot j of the output keeps candidate j of ``idx``; 32 slots a group,
     GROUPS groups per step, so each plane word is built in registers."""
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
-    words: tl.constexpr = N + PLANES * (N // 32)
+    out_row = out_ptr + row * packed_words(N, PLANES, SCORE_BITS)
     start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
-    out_row = out_ptr + row * words
     lane = tl.arange(0, 32)
     for g0 in tl.range(0, N // 32, GROUPS):
         group = g0 + tl.arange(0, GROUPS)
@@ -192,9 +234,18 @@ def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_starts_ptr, row_ends_p
         in_range = (group < N // 32)[:, None] & (lane >= 0)[None, :]
         local = tl.load(idx_ptr + row * idx_stride + slot, mask=in_range, other=-1)
         inside = (local >= start) & (local < end)
-        bits = score_bits(logits_ptr + row * logits_stride + tl.where(inside, local, 0), inside)
-        present = inside & ~is_nan_bits(bits)
-        tl.store(out_row + slot, tl.where(present, packed_word(ord16(bits), local), 0), mask=in_range)
+        ptrs = logits_ptr + row * logits_stride + tl.where(inside, local, 0)
+        if SCORE_BITS == 32:
+            order = folded32(tl.load(ptrs, mask=inside, other=float("nan")))
+            present = order != NO_SCORE32
+            score = (order >> 16) + 0x8000
+            halves = (out_row + low_halves_at(N, PLANES)).to(tl.pointer_type(tl.int16))
+            tl.store(halves + slot, tl.where(present, order, 0).to(tl.int16), mask=in_range)
+        else:
+            bits = score_bits(ptrs, inside)
+            present = inside & ~is_nan_bits(bits)
+            score = ord16(bits)
+        tl.store(out_row + slot, tl.where(present, packed_word(score, local), 0), mask=in_range)
         for p in tl.static_range(PLANES):
             bit = tl.where(present, (local >> (16 + p)) & 1, 0)
             plane = tl.sum((bit << lane[None, :]).to(tl.int64), axis=1).to(tl.int32)
@@ -202,15 +253,17 @@ def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_starts_ptr, row_ends_p
 
 
 def pack_indices_launch(out, logits, local_idx, row_starts, row_ends, *, max_local_len: int,
-                        pdl: bool = False) -> Launch:
+                        pdl: bool = False, score_bits: int = 16) -> Launch:
     rows, width = logits.shape
     n = local_idx.shape[1]
     return Launch(pack_indices_kernel, (rows,),
                   (out, logits, local_idx, row_starts, row_ends, logits.stride(0), local_idx.stride(0),
                    min(width, max_local_len)),
-                  dict(N=n, PLANES=_planes(out.shape[1], n), GROUPS=8, PDL=pdl), 4)
+                  dict(N=n, PLANES=_planes(out.shape[1], n, score_bits), GROUPS=8, PDL=pdl, SCORE_BITS=score_bits), 4)
 
 
-def pack_indices(out, logits, local_idx, row_starts, row_ends, *, max_local_len: int, pdl: bool = False) -> None:
+def pack_indices(out, logits, local_idx, row_starts, row_ends, *, max_local_len: int, pdl: bool = False,
+                 score_bits: int = 16) -> None:
     if logits.shape[0]:
-        pack_indices_launch(out, logits, local_idx, row_starts, row_ends, max_local_len=max_local_len, pdl=pdl)()
+        pack_indices_launch(out, logits, local_idx, row_starts, row_ends, max_local_len=max_local_len, pdl=pdl,
+                            score_bits=score_bits)()

@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from .exchange import call_epoch, peer_flags, push_list, push_row
-from .keys import (LOW_BITS, MAX_PEERS, SAT_KAPPA_MASK, SAT_MASK_SHIFT, is_nan_bits, ord16, packed_word, power_of_2,
-                   score16_bits)
+from .keys import (LOW_BITS, MAX_PEERS, NO_SCORE32, SAT_KAPPA_MASK, SAT_MASK_SHIFT, is_nan_bits, ord16, packed_word,
+                   power_of_2, score16_bits)
 
 
 # Kernels that take the call's row width never specialise on it (Triton
@@ -55,13 +55,14 @@ def row_window(row_starts_ptr, row_ends_ptr, row, width_limit):
 
 
 @triton.jit
-def row_target(row, sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr):
+def row_target(row, sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
+               SCORE_BITS: tl.constexpr = 16):
     """(active, offset): whether this rank selects ``row`` and the word
     offset of its output row. Round 1: every row, row by row. A pushed list
     (LIST): rows where this rank is saturated, in its slot of the receive
     buffer, popcount(mask & ((1 << rank) - 1))."""
     if LIST:
-        mask = tl.load(sat_ptr + row) >> SAT_MASK_SHIFT
+        mask = tl.load(sat_ptr + row * (SCORE_BITS // 16)) >> SAT_MASK_SHIFT  # format.sat_word
         slot = tl.zeros((), dtype=tl.int64)
         for q in tl.static_range(MAX_PEERS):
             slot += tl.where(q < rank, (mask >> q) & 1, 0)
@@ -71,10 +72,13 @@ def row_target(row, sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIS
 
 
 @triton.jit
-def list_floor(sat_ptr, row, KAPPA_SHIFT: tl.constexpr):
-    """The lowest ord16 a pushed list of ``row`` holds: kappa's score
-    (``format.list_floor``)."""
-    return ((tl.load(sat_ptr + row) & SAT_KAPPA_MASK) >> KAPPA_SHIFT).to(tl.int32)
+def list_floor(sat_ptr, row, KAPPA_SHIFT: tl.constexpr, SCORE_BITS: tl.constexpr = 16):
+    """The lowest ord16 (int32; with 32-bit scores ord32, int64) a pushed
+    list of ``row`` holds: kappa's score (``format.list_floor``)."""
+    if SCORE_BITS == 32:  # (mask, kappa): format.sat_word
+        return tl.load(sat_ptr + 2 * row + 1) >> KAPPA_SHIFT
+    else:
+        return ((tl.load(sat_ptr + row) & SAT_KAPPA_MASK) >> KAPPA_SHIFT).to(tl.int32)
 
 
 # ----------------------------------------------- thresholds and compaction
@@ -131,11 +135,46 @@ def bisected_threshold(score, need, lowest, highest):
 
 
 @triton.jit
+def bisected_threshold32(order, need, lowest):
+    """``bisected_threshold`` of 32-bit scores (``keys.folded32``; NO_SCORE32
+    for invalid tokens): (t, above), the largest order t with at least
+    ``need`` orders >= t (NO_SCORE32 when fewer are valid: every valid one is
+    above it) and how many are above it (the count of the last bit that
+    failed). One count a bit of ord32 (the order with its top bit flipped),
+    the orders compared whole: a pair of 16-bit fields an int32 would cost as
+    many operations a token and hold a second copy of the row in registers.
+    ``lowest``: an order every valid token reaches, and at least ``need`` do
+    when it is above NO_SCORE32; the bits it gives are not counted."""
+    flat = tl.reshape(order, (order.numel,), can_reorder=True)  # counts need no order
+    unsigned = tl.zeros((), dtype=tl.int32)  # the threshold's ord32 so far, as an int32 pattern
+    above = tl.zeros((), dtype=tl.int32)  # no bit failed: none is above t
+    for bit in tl.static_range(31, -1, -1):
+        candidate = (unsigned | (tl.full((), 1, tl.int32) << bit)) ^ NO_SCORE32
+        if candidate <= lowest:
+            unsigned = candidate ^ NO_SCORE32
+        else:
+            reached = tl.sum((flat >= candidate).to(tl.int32), axis=0)
+            if reached >= need:
+                unsigned = candidate ^ NO_SCORE32
+            else:
+                above = reached
+    return unsigned ^ NO_SCORE32, above
+
+
+@triton.jit
 def above_and_ties(score, threshold):
     """Per token (ord16 ``score``, 0 if invalid), two counts in one int32:
     1 if above ``threshold``, 1 << 16 if tied with it (none for threshold 0:
     every valid token is above it)."""
     return (score > threshold).to(tl.int32) | (((score == threshold) & (threshold != 0)).to(tl.int32) << 16)
+
+
+@triton.jit
+def above_and_ties32(order, threshold):
+    """``above_and_ties`` of 32-bit scores against ``bisected_threshold32``'s
+    threshold (none for NO_SCORE32: every valid token is above it)."""
+    tie = (order == threshold) & (threshold != NO_SCORE32)
+    return (order > threshold).to(tl.int32) | (tie.to(tl.int32) << 16)
 
 
 @triton.jit
@@ -166,10 +205,12 @@ def store_words(out_row, pos, score, local, keep, N: tl.constexpr, PLANES: tl.co
 
 @triton.jit
 def zero_row_from(out_row, first, WORDS: tl.constexpr, CHUNK: tl.constexpr):
-    """Zeros into words [first, WORDS) of a packed row."""
+    """Zeros into elements [first, WORDS) of ``out_row`` (words of a packed
+    row, or its low halves)."""
     for start in tl.range(0, WORDS, CHUNK):
         offs = start + tl.arange(0, CHUNK)
-        tl.store(out_row + offs, tl.zeros((CHUNK,), dtype=tl.int32), mask=(offs >= first) & (offs < WORDS))
+        tl.store(out_row + offs, tl.zeros((CHUNK,), dtype=out_row.dtype.element_ty),
+                 mask=(offs >= first) & (offs < WORDS))
 
 
 @triton.jit

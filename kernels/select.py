@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from .. import format as fmt
-from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, SCORE_BITS, TIE_TILE, decode_keys, emit_selected, key_gid,
-                   kth_largest, owner_and_local, power_of_2, radix_boundary, radix_digit_histogram, write_outputs)
+from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, TIE_TILE, decode_keys, emit_selected, key_gid, kth_largest,
+                   owner_and_local, packed_words, power_of_2, radix_boundary, radix_digit_histogram, write_outputs)
 from .exchange import call_epoch, gather_slot
 from .launch import Launch
 from .sync import after_prior_kernel, record_timeout, wait_flags_at_least
@@ -41,14 +41,37 @@ def _wait_all(flags_ptr, need_mask, row, epoch, max_rows, max_spins, status_ptr,
 
 @triton.jit
 def _round1_keys(gather_ptr, row, epoch, max_rows, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
-                 WORLD_P2: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
+                 WORLD_P2: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, SCORE_BITS: tl.constexpr):
     """Every rank's round-1 keys of ``row`` as one tile [WORLD_P2, N
     rounded up to a power of 2] (0 = empty), rank q's in row q."""
-    words: tl.constexpr = N + PLANES * (N // 32)
+    words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
     slot = tl.arange(0, power_of_2(N))[None, :]
     owner = tl.arange(0, WORLD_P2)[:, None]
     return decode_keys(gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD), slot, owner,
-                       (owner < WORLD) & (slot < N), N, PLANES, WORLD, INTERLEAVE, GID_BITS)
+                       (owner < WORLD) & (slot < N), N, PLANES, WORLD, INTERLEAVE, GID_BITS, SCORE_BITS)
+
+
+@triton.jit
+def _store_sat(sat_ptr, row, mask, kappa, SCORE_BITS: tl.constexpr):
+    """The row's saturation state (``format.sat_word``)."""
+    if SCORE_BITS == 32:
+        tl.store(sat_ptr + 2 * row, mask << SAT_MASK_SHIFT)
+        tl.store(sat_ptr + 2 * row + 1, kappa)
+    else:
+        tl.store(sat_ptr + row, (mask << SAT_MASK_SHIFT) | kappa)
+
+
+@triton.jit
+def _load_sat(sat_ptr, row, SCORE_BITS: tl.constexpr):
+    """(mask, kappa) of the row's saturation state (``format.sat_word``)."""
+    if SCORE_BITS == 32:
+        mask = tl.load(sat_ptr + 2 * row) >> SAT_MASK_SHIFT
+        kappa = tl.load(sat_ptr + 2 * row + 1)
+    else:
+        sat = tl.load(sat_ptr + row)
+        mask = sat >> SAT_MASK_SHIFT
+        kappa = sat & SAT_KAPPA_MASK
+    return mask, kappa
 
 
 # The sizes of the rows output are kernel arguments of their own, never
@@ -63,10 +86,11 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                   TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
                   WORLD_P2: tl.constexpr, KEYS: tl.constexpr, INTERLEAVE: tl.constexpr,
                   GID_BITS: tl.constexpr,
-                  EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
+                  EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr,
+                  SCORE_BITS: tl.constexpr):
     """``outputs`` and the sizes after it: as ``output_args`` builds them;
     ``waits``: (flags_ptr, status_ptr, max_spins), the bounded wait's flags
-    and record."""
+    and record; SCORE_BITS: the words' (``format.SCORE_BITS``)."""
     after_prior_kernel(PDL)
     sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
     flags_ptr, status_ptr, max_spins = waits
@@ -74,7 +98,8 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
     epoch = call_epoch(epochs_ptr, row)
     if _wait_all(flags_ptr, (1 << WORLD) - 1, row, epoch, max_rows, max_spins, status_ptr, WORLD, WORLD_P2):
         sender = tl.arange(0, WORLD_P2)
-        keys = _round1_keys(gather_ptr, row, epoch, max_rows, N, PLANES, WORLD, WORLD_P2, INTERLEAVE, GID_BITS)
+        keys = _round1_keys(gather_ptr, row, epoch, max_rows, N, PLANES, WORLD, WORLD_P2, INTERLEAVE, GID_BITS,
+                            SCORE_BITS)
         kappa, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
         # Saturated: all N words sent and the smallest >= kappa, that is all
         # N selected (empty slots and those past N never are): a count that
@@ -84,28 +109,29 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
         mask = tl.sum(tl.where(saturated, tl.full((WORLD_P2,), 1, tl.int64) << sender, 0), axis=0)
         emit_selected(keys, kappa, selected, row, outputs, sizes, rank, selected_ptr + row * KEYS, mask != 0, TOPK,
                       WORLD, INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
-        tl.store(sat_ptr + row, (mask << SAT_MASK_SHIFT) | kappa)
+        _store_sat(sat_ptr, row, mask, kappa, SCORE_BITS)
 
 
 @triton.jit
 def _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows,
                  TILE: tl.constexpr, LIST: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
                  SLOTS: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr,
-                 GID_BITS: tl.constexpr):
+                 GID_BITS: tl.constexpr, SCORE_BITS: tl.constexpr):
     """Candidates [start, start + TILE) of rank q in the rescue: its pushed
     list when it was saturated, else its round-1 words >= kappa."""
     slot = start + tl.arange(0, TILE)
     saturated = ((mask >> q) & 1) != 0
-    words: tl.constexpr = N + PLANES * (N // 32)
+    words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
     seen_row = gather_ptr + gather_slot(row, epoch, max_rows, q, words, WORLD)
-    seen = decode_keys(seen_row, slot, q, (slot < N) & ~saturated, N, PLANES, WORLD, INTERLEAVE, GID_BITS)
+    seen = decode_keys(seen_row, slot, q, (slot < N) & ~saturated, N, PLANES, WORLD, INTERLEAVE, GID_BITS,
+                       SCORE_BITS)
     below = mask & ((1 << q) - 1)
     rank_slot = tl.zeros((), dtype=tl.int64)
     for b in tl.static_range(WORLD):
         rank_slot += (below >> b) & 1
-    pushed_row = recv_ptr + (row * SLOTS + rank_slot) * (LIST + PLANES * (LIST // 32))
+    pushed_row = recv_ptr + (row * SLOTS + rank_slot) * packed_words(LIST, PLANES, SCORE_BITS)
     pushed = decode_keys(pushed_row, slot, q, (slot < LIST) & saturated, LIST, PLANES, WORLD, INTERLEAVE,
-                         GID_BITS)
+                         GID_BITS, SCORE_BITS)
     return tl.where(saturated, pushed, tl.where(seen >= kappa, seen, 0))
 
 
@@ -120,19 +146,20 @@ def _lowest_rank(mask, WORLD: tl.constexpr):
 
 @triton.jit
 def _append_lists(dest, row, mask, recv_ptr, ROOM: tl.constexpr, LIST: tl.constexpr, PLANES: tl.constexpr,
-                  SLOTS: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
+                  SLOTS: tl.constexpr, WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr,
+                  SCORE_BITS: tl.constexpr):
     """The saturated ranks' pushed lists as keys, rank by rank, into
     ``dest`` (at most ROOM of them); returns how many keys they hold. A
     list's words are a prefix of its slots (a packed row puts its empty
     slots last), so each is stored where the last ended, with no scan."""
-    list_words: tl.constexpr = LIST + PLANES * (LIST // 32)
+    list_words: tl.constexpr = packed_words(LIST, PLANES, SCORE_BITS)
     slot = tl.arange(0, power_of_2(LIST))
     listed = tl.zeros((), dtype=tl.int32)
     received = tl.zeros((), dtype=tl.int64)  # receive slot: the saturated ranks below
     for q in range(WORLD):
         if ((mask >> q) & 1) != 0:
             keys = decode_keys(recv_ptr + (row * SLOTS + received) * list_words, slot, q, slot < LIST, LIST, PLANES,
-                               WORLD, INTERLEAVE, GID_BITS)
+                               WORLD, INTERLEAVE, GID_BITS, SCORE_BITS)
             tl.store(dest + listed + slot, keys, mask=(keys != 0) & (listed + slot < ROOM))
             listed += tl.sum((keys != 0).to(tl.int32), axis=0)
             received += 1
@@ -146,7 +173,7 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                   SLOTS: tl.constexpr, WORLD: tl.constexpr, WORLD_P2: tl.constexpr, KEYS: tl.constexpr,
                   TILE: tl.constexpr,
                   INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
-                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
+                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
     """Rows with saturated ranks. The select left its keys >= kappa in
     candidate order in the row's ``selected_ptr`` ([T, KEYS] int64
     scratch; TOPK rounded up to a power of 2 of them, zeros after): the
@@ -163,14 +190,12 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
     flags_ptr, status_ptr, max_spins = waits
     row = tl.program_id(0).to(tl.int64)
     epoch = call_epoch(epochs_ptr, row)
-    sat = tl.load(sat_ptr + row)
-    mask = sat >> SAT_MASK_SHIFT
+    mask, kappa = _load_sat(sat_ptr, row, SCORE_BITS)
     ok = True
     if mask != 0:
         ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD,
                        WORLD_P2)
         if ok:
-            kappa = sat & SAT_KAPPA_MASK
             selected_row = selected_ptr + row * KEYS
             width: tl.constexpr = power_of_2(TOPK)
             half: tl.constexpr = KEYS // 2  # the tile [2, half]: the select's keys, then the lists
@@ -178,12 +203,12 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
             slot = tl.arange(0, half)[None, :] + 0 * part
             if (mask & (mask - 1)) == 0:  # one list (the usual case): read where it was received
                 listed = tl.full((), LIST, tl.int32)
-                lists = decode_keys(recv_ptr + row * SLOTS * (LIST + PLANES * (LIST // 32)), slot,
+                lists = decode_keys(recv_ptr + row * SLOTS * packed_words(LIST, PLANES, SCORE_BITS), slot,
                                     _lowest_rank(mask, WORLD), (part == 1) & (slot < LIST), LIST, PLANES, WORLD,
-                                    INTERLEAVE, GID_BITS)
+                                    INTERLEAVE, GID_BITS, SCORE_BITS)
             else:
                 listed = _append_lists(selected_row + half, row, mask, recv_ptr, half, LIST, PLANES, SLOTS, WORLD,
-                                       INTERLEAVE, GID_BITS)
+                                       INTERLEAVE, GID_BITS, SCORE_BITS)
                 tl.debug_barrier()  # the block's stores are seen by all its threads
                 lists = tl.load(selected_row + half + slot, mask=(part == 1) & (slot < listed), other=0)
             if listed <= half:
@@ -196,7 +221,7 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                                             (kappa >> (SCORE_BITS + GID_BITS - 15)).to(tl.int32))
             else:
                 kth = _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, TOPK, LIST, N,
-                                    PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
+                                    PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS, SCORE_BITS)
                 selected = tl.zeros((), dtype=tl.int32)
                 for pushed in tl.static_range(2):  # candidate order: the round-1 words, then the lists
                     for q in range(WORLD):
@@ -204,7 +229,7 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                             for start in range(0, max(N, LIST), TILE):
                                 tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr,
                                                     max_rows, TILE, LIST, N, PLANES, SLOTS, WORLD, INTERLEAVE,
-                                                    GID_BITS)
+                                                    GID_BITS, SCORE_BITS)
                                 take = ((tile >= kth) & (tile != 0)).to(tl.int32)
                                 tl.store(selected_row + selected + tl.cumsum(take, axis=0) - take, tile,
                                          mask=take != 0)
@@ -223,7 +248,7 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
 @triton.jit
 def _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE: tl.constexpr, TOPK: tl.constexpr,
                   LIST: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
-                  WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr):
+                  WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, SCORE_BITS: tl.constexpr):
     """The K-th key of the rescue's candidates, by a radix select over the
     tiles streamed rank by rank (8-bit digits from the key's top)."""
     top: tl.constexpr = (SCORE_BITS + GID_BITS + 7) // 8 * 8
@@ -235,7 +260,7 @@ def _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE:
         for q in range(WORLD):
             for start in range(0, max(N, LIST), TILE):
                 tile = _rescue_tile(q, start, row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE, LIST,
-                                    N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS)
+                                    N, PLANES, SLOTS, WORLD, INTERLEAVE, GID_BITS, SCORE_BITS)
                 hist += radix_digit_histogram(tile, prefix, shift)
         chosen, above, _ = radix_boundary(hist, need)
         need -= above
@@ -247,7 +272,7 @@ def _streamed_kth(row, epoch, mask, kappa, gather_ptr, recv_ptr, max_rows, TILE:
 def order_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, sat_ptr,
                  status_ptr, selected_ptr, rescued_only, rank, TOPK: tl.constexpr, KEYS: tl.constexpr,
                  WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
-                 EMIT_ROWS: tl.constexpr, PDL: tl.constexpr):
+                 EMIT_ROWS: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
     """Sorted outputs: the keys that the select (or, with ``rescued_only``,
     the rescue, on rows with saturated ranks) left in the row's scratch
     (``selected_ptr``, [T, KEYS] int64: TOPK rounded up to a power of 2 of
@@ -259,7 +284,7 @@ def order_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride
     row = tl.program_id(0).to(tl.int64)
     todo = tl.load(status_ptr) == 0
     if rescued_only:
-        todo = todo & ((tl.load(sat_ptr + row) >> SAT_MASK_SHIFT) != 0)
+        todo = todo & (_load_sat(sat_ptr, row, SCORE_BITS)[0] != 0)
     if todo:
         slot = tl.arange(0, power_of_2(TOPK))[None, :]
         keys = tl.sort(tl.load(selected_ptr + row * KEYS + slot), dim=1, descending=True)
@@ -292,7 +317,7 @@ def _emits(ids, rows, sorted) -> dict:
 
 
 def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, selected, max_rows, rank,
-                  world_size, topk, local_topk, planes, interleave, gid_bits, max_spins, pdl) -> Launch:
+                  world_size, topk, local_topk, planes, interleave, gid_bits, max_spins, pdl, score_bits=16) -> Launch:
     """Round 1's select: ids and/or rows of every row and its saturation
     state (a saturated rank's pushed list is built afterwards, by
     ``pack.select_local``). ties: int64 [>= T, TIE_TILE] and selected:
@@ -303,7 +328,7 @@ def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
                    max_rows, rank),
                   dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=power_of_2(world_size),
                        KEYS=rescue_keys(topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
-                       **_emits(ids, rows, sorted), PDL=pdl), SELECT_WARPS)
+                       **_emits(ids, rows, sorted), PDL=pdl, SCORE_BITS=score_bits), SELECT_WARPS)
 
 
 RESCUE_TILE = 1024
@@ -317,7 +342,7 @@ def rescue_keys(topk: int) -> int:
 
 def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, selected, recv,
                   max_rows, rank, world_size, topk, local_topk, planes, slots, interleave, gid_bits,
-                  max_spins, pdl) -> Launch:
+                  max_spins, pdl, score_bits=16) -> Launch:
     """Round 2's rescue. ties: int64 [>= T, TIE_TILE] and selected: int64
     [>= T, rescue_keys(K)] scratch."""
     keys = rescue_keys(topk)
@@ -327,11 +352,12 @@ def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
                   dict(TOPK=topk, LIST=fmt.list_len(topk), N=local_topk, PLANES=planes, SLOTS=max(slots, 1),
                        WORLD=world_size,
                        WORLD_P2=power_of_2(world_size), KEYS=keys, TILE=RESCUE_TILE, INTERLEAVE=interleave,
-                       GID_BITS=gid_bits, **_emits(ids, rows, sorted), PDL=pdl), min(16, keys // 256))
+                       GID_BITS=gid_bits, **_emits(ids, rows, sorted), PDL=pdl, SCORE_BITS=score_bits),
+                  min(16, keys // 256))
 
 
 def order_launch(*, num_rows, ids, rows, sat, status, selected, rescued_only, rank, world_size, topk, interleave,
-                 gid_bits, pdl, **_) -> Launch:
+                 gid_bits, pdl, score_bits=16, **_) -> Launch:
     """The sorted form's writes after the select (``rescued_only`` False)
     and after the rescue (True); the arguments as the select's (the others
     of theirs are ignored)."""
@@ -339,7 +365,8 @@ def order_launch(*, num_rows, ids, rows, sat, status, selected, rescued_only, ra
     return Launch(order_kernel, (num_rows,),
                   (*output_args(ids, rows, status), sat, status, selected, int(rescued_only), rank),
                   dict(TOPK=topk, KEYS=rescue_keys(topk), WORLD=world_size, INTERLEAVE=interleave, GID_BITS=gid_bits,
-                       EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, PDL=pdl), min(16, max(4, width // 128)))
+                       EMIT_IDS=ids is not None, EMIT_ROWS=rows is not None, PDL=pdl, SCORE_BITS=score_bits),
+                  min(16, max(4, width // 128)))
 
 
 def select(**kw) -> None:

@@ -169,10 +169,11 @@ def check_settings(group, *, max_rows, topk, local_topk, max_local_len, interlea
     return local_topk, impl
 
 
-def check_score_dtype(score_dtype, impl: str) -> int:
-    """The scores' bits (``format.score_bits_of``) that ``impl`` ranks."""
+def check_score_dtype(score_dtype, impl: str, max_local_len: int) -> int:
+    """The scores' bits (``format.score_bits_of``), if ``impl`` ranks them
+    for rows of ``max_local_len`` tokens."""
     score_bits = fmt.score_bits_of(score_dtype)
-    check_impl_scores(impl, score_bits)
+    check_impl_scores(impl, score_bits, max_local_len)
     return score_bits
 
 

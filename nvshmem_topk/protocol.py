@@ -96,12 +96,16 @@ def backend(impl: str):
     return ReferenceBackend() if impl == "reference" else TritonBackend()
 
 
-def check_impl_scores(impl: str, score_bits: int) -> None:
-    """Exact fp32 order (32-bit scores) runs on the reference only: the
-    Triton kernels rank 16-bit scores."""
-    if impl == "triton" and score_bits != 16:
-        raise ValueError("score_dtype=torch.float32 (exact fp32 order) runs on impl='reference' only so far; "
-                         "impl='triton' ranks bf16 or fp16 order (score_dtype=None)")
+def check_impl_scores(impl: str, score_bits: int, max_local_len: int) -> None:
+    """Exact fp32 order (32-bit scores) on the Triton kernels takes rows of
+    at most ``kernels.pack.SHORT_ROWS`` local tokens so far (the wide rows'
+    pipeline ranks 16-bit scores); the reference takes any."""
+    if impl == "triton" and score_bits == 32:
+        from .kernels.pack import SHORT_ROWS
+
+        if max_local_len > SHORT_ROWS:
+            raise ValueError(f"score_dtype=torch.float32 (exact fp32 order) with impl='triton' needs max_local_len "
+                             f"<= {SHORT_ROWS} so far, got {max_local_len}; impl='reference' takes any")
 
 
 class ReferenceBackend:
@@ -222,16 +226,15 @@ class TritonBackend:
     def pack(logits, row_ends, out, *, local_topk, max_local_len, row_starts=None, pdl=False, score_bits=16):
         from .kernels import pack
 
-        assert score_bits == 16, "checked by check_impl_scores"
         pack.pack(out, logits, row_starts, row_ends, local_topk=local_topk,
-                  max_local_len=max_local_len, pdl=pdl)
+                  max_local_len=max_local_len, pdl=pdl, score_bits=score_bits)
 
     @staticmethod
     def pack_indices(logits, local_idx, row_ends, out, *, max_local_len, row_starts=None, pdl=False, score_bits=16):
         from .kernels import pack
 
-        assert score_bits == 16, "checked by check_impl_scores"
-        pack.pack_indices(out, logits, local_idx, row_starts, row_ends, max_local_len=max_local_len, pdl=pdl)
+        pack.pack_indices(out, logits, local_idx, row_starts, row_ends, max_local_len=max_local_len, pdl=pdl,
+                          score_bits=score_bits)
 
     @staticmethod
     def push_rows(ws: DcpTopkWorkspace, packed: torch.Tensor) -> None:
@@ -249,8 +252,8 @@ class TritonBackend:
 
         push = pack.Publish(ws.epochs, ws.gather.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
                             ws.world_size)
-        pack.pack(out, logits, row_starts, row_ends, local_topk=ws.local_topk,
-                  max_local_len=ws.max_local_len, push=push, scratch=(ws.scratch, ws.arrivals), pdl=ws.pdl)
+        pack.pack(out, logits, row_starts, row_ends, local_topk=ws.local_topk, max_local_len=ws.max_local_len,
+                  push=push, scratch=(ws.scratch, ws.arrivals), pdl=ws.pdl, score_bits=ws.score_bits)
 
     @staticmethod
     def _common(ws: DcpTopkWorkspace, rows: int, out: Outputs) -> dict:
@@ -259,7 +262,8 @@ class TritonBackend:
                     ties=ws.ties, selected=ws.selected, max_rows=ws.max_rows, rank=ws.rank,
                     world_size=ws.world_size, topk=ws.topk, local_topk=ws.local_topk, planes=ws.planes,
                     interleave=ws.interleave, gid_bits=ws.gid_bits,
-                    max_spins=max(1, int(ws.timeout_s * SPINS_PER_SECOND[ws.device.type])), pdl=ws.pdl)
+                    max_spins=max(1, int(ws.timeout_s * SPINS_PER_SECOND[ws.device.type])), pdl=ws.pdl,
+                    score_bits=ws.score_bits)
 
     @classmethod
     def select(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs, row_starts=None) -> None:
@@ -277,7 +281,7 @@ class TritonBackend:
             starts = row_starts[:rows] if row_starts is not None else None
             pack.select_local(ws.recv.local, logits[:rows], starts, row_ends[:rows], n=ws.list_len,
                               max_local_len=ws.max_local_len, scratch=ws.scratch, arrivals=ws.arrivals,
-                              publish=push, pdl=ws.pdl)
+                              publish=push, pdl=ws.pdl, score_bits=ws.score_bits)
 
     @classmethod
     def rescue(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:

@@ -114,10 +114,11 @@ def _smooth(rows: int, width: int, generator: torch.Generator, device) -> torch.
     return x.view(rows, blocks * block)[:, :width].float()
 
 
-def family_scores(name: str, rows: int, width: int, generator: torch.Generator, device="cpu") -> torch.Tensor:
-    """bf16 [rows, width] scores of family ``name`` (SCORE_FAMILIES), token l
-    of a row at position l (what depends on position, the ramp, the sorted
-    rows and the masked tail, rises or ends with l)."""
+def family_scores(name: str, rows: int, width: int, generator: torch.Generator, device="cpu",
+                  dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """[rows, width] scores of family ``name`` (SCORE_FAMILIES), bf16 or
+    ``dtype``, token l of a row at position l (what depends on position, the
+    ramp, the sorted rows and the masked tail, rises or ends with l)."""
     shape, kw = (rows, width), dict(generator=generator, device=device)
     position = torch.arange(width, device=device) / max(width, 1)
     if name == "normal":
@@ -145,7 +146,21 @@ def family_scores(name: str, rows: int, width: int, generator: torch.Generator, 
         x[torch.rand(shape, **kw) < 0.1] = NAN
     else:
         raise ValueError(f"unknown score family {name!r}; one of {SCORE_FAMILIES}")
-    return x.bfloat16()
+    return x.to(dtype)
+
+
+def sub_bf16_scores(rows: int, total: int, generator: torch.Generator) -> torch.Tensor:
+    """fp32 [rows, total] scores that bf16 cannot rank: each shares its bf16
+    level (the fp32 cut to bf16) with others and differs from them in its
+    low 16 bits; an eighth are copies of others (exact fp32 ties); row 0 is
+    vLLM's "10 LSBits" case, every score in one bf16 level."""
+    kw = dict(generator=generator, dtype=torch.int32)
+    levels = torch.randn(rows, total, generator=generator).view(torch.int32) & ~0xFFFF
+    x = (levels | torch.randint(0, 1 << 16, (rows, total), **kw)).view(torch.float32)
+    x[0] = (0x3F800000 + torch.randint(0, 1 << 10, (total,), **kw)).view(torch.float32)
+    source = torch.randint(0, total, (rows, total // 8), generator=generator)
+    target = torch.randint(0, total, (rows, total // 8), generator=generator)
+    return x.scatter_(1, target, x.gather(1, source))
 
 
 def shard(scores: torch.Tensor, world_size: int, interleave: int = 1) -> torch.Tensor:

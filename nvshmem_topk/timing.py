@@ -23,11 +23,12 @@ class SimulatedMerge:
     stage timings. ``destroy()`` frees the group."""
 
     def __init__(self, logits: torch.Tensor, row_ends: torch.Tensor, topk: int, impl: str,
-                 interleave: int = 1, sorted: bool = False) -> None:
+                 interleave: int = 1, sorted: bool = False, score_dtype: torch.dtype | None = None) -> None:
         world_size, rows, width = logits.shape
         self.group = SimulatedGroup(world_size, logits.device)
         self.workspaces = [init_dcp_topk_merge(g, max_rows=rows, topk=topk, max_local_len=width, impl=impl,
-                                               interleave=interleave) for g in self.group.ranks]
+                                               interleave=interleave, score_dtype=score_dtype)
+                           for g in self.group.ranks]
         self.ids = torch.empty(world_size, rows, topk, dtype=torch.int32, device=logits.device)
         self.outputs = [Outputs(self.ids[r], None, sorted) for r in range(world_size)]
         self._inputs = (list(logits), list(row_ends))

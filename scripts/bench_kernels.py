@@ -7,7 +7,11 @@ per call, the median of REPS replays (nvshmem_topk.timing.median_us). Every
 timed output is checked against the reference. Prints, per shape, each family's time, its ratio to i.i.d.
 normal and the baseline; writes JSON.
 
-    python scripts/bench_kernels.py --out results.json [--families normal smooth] [--skip-merge]
+    python scripts/bench_kernels.py --out results.json [--families normal smooth] [--skip-merge] [--fp32]
+
+``--fp32`` adds exact fp32 order (score_dtype=torch.float32) beside bf16
+order of the same scores rounded: the pack at [64, 16384] and the merge
+W = 8, T = 64, S = 16384, with the generic merge on the fp32 scores.
 
 Bytes: one pass over bf16 logits reads 2*T*S bytes; the pack reads them once
 (the filter) and, for rows settled exactly (ties), once more from L2.
@@ -22,9 +26,10 @@ import json
 import torch
 
 import nvshmem_topk as nt
+from nvshmem_topk import format as fmt
 from nvshmem_topk import reference
 from nvshmem_topk.baseline import generic_merge_compute
-from nvshmem_topk.format import packed_row_words
+from nvshmem_topk.format import num_planes, packed_row_words
 from nvshmem_topk.testing import SCORE_FAMILIES, family_scores, shard
 from nvshmem_topk.timing import SimulatedMerge, graphed, kernel_times, median_us, without_pdl
 
@@ -44,17 +49,24 @@ def graphed_calls(fn, inputs) -> torch.cuda.CUDAGraph:
     return graphed(lambda: fn(next(calls)), len(inputs))
 
 
-def bench_pack(rows, width, family, gen, n=384, per_kernel=False):
+def bench_pack(rows, width, family, gen, n=384, per_kernel=False, copies=None, max_local_len=131072,
+               score_dtype=None):
+    """The pack of ``copies`` (CALLS [rows, width] inputs; default: the
+    family's bf16 scores) beside torch.topk."""
     dev = torch.device("cuda")
-    copies = [family_scores(family, rows, width, gen, dev) for _ in range(CALLS)]
+    copies = copies or [family_scores(family, rows, width, gen, dev) for _ in range(CALLS)]
     ends = torch.full((rows,), width, dtype=torch.int32, device=dev)
-    outs = torch.empty(CALLS, rows, packed_row_words(n, 1), dtype=torch.int32, device=dev)
+    score_bits = fmt.score_bits_of(score_dtype)
+    words = packed_row_words(n, num_planes(max_local_len), score_bits)
+    outs = torch.empty(CALLS, rows, words, dtype=torch.int32, device=dev)
     def pack(i, pdl=None):
-        nt.dcp_topk_pack(copies[i], ends, local_topk=n, max_local_len=131072, out=outs[i], impl="triton", pdl=pdl)
+        nt.dcp_topk_pack(copies[i], ends, local_topk=n, max_local_len=max_local_len, out=outs[i], impl="triton",
+                         pdl=pdl, score_dtype=score_dtype)
 
     t_pack = bench(graphed_calls(pack, range(CALLS)).replay, CALLS)
     t_topk = bench(graphed_calls(lambda i: copies[i].topk(n, dim=1), range(CALLS)).replay, CALLS)
-    exact = all(torch.equal(outs[i], reference.pack(copies[i], ends, n, 131072)) for i in range(CALLS))
+    exact = all(torch.equal(outs[i], reference.pack(copies[i], ends, n, max_local_len, score_bits=score_bits))
+                for i in range(CALLS))
     own = {}
     if per_kernel:
         # each kernel's own time: without PDL a kernel's profile does not cover its prior's
@@ -63,25 +75,26 @@ def bench_pack(rows, width, family, gen, n=384, per_kernel=False):
                 kernels_us={name.split("_kernel")[0]: us / CALLS for name, us in own.items()})
 
 
-def merge_inputs(family, world, rows, width, interleave, gen, boost_rank=None):
-    global_rows = family_scores(family, rows, world * width, gen, torch.device("cuda"))
+def merge_inputs(family, world, rows, width, interleave, gen, boost_rank=None, dtype=torch.bfloat16):
+    global_rows = family_scores(family, rows, world * width, gen, torch.device("cuda"), dtype)
     logits = shard(global_rows, world, interleave)
     if boost_rank is not None:
-        logits[boost_rank] = (logits[boost_rank].float() + 6).bfloat16()
+        logits[boost_rank] = (logits[boost_rank].float() + 6).to(dtype)
     return logits
 
 
-def bench_merge(logits, interleave, k=2048, per_kernel=False):
+def bench_merge(logits, interleave, k=2048, per_kernel=False, score_dtype=None):
     world, rows, width = logits.shape
     ends = torch.full((world, rows), width, dtype=torch.int32, device=logits.device)
-    run = SimulatedMerge(logits, ends, k, "triton", interleave=interleave)
+    run = SimulatedMerge(logits, ends, k, "triton", interleave=interleave, score_dtype=score_dtype)
     try:
         t_graph = bench(graphed(run).replay)
         t_by_rank = bench(graphed(lambda: generic_merge_compute(logits, k, rank_by_rank=True)).replay)
-        expected = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference", interleave=interleave)
+        expected = nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference", interleave=interleave,
+                                              score_dtype=score_dtype)
         run()
         exact = bool(torch.equal(run.ids, expected))
-        saturated = sum(int((ws.sat[:rows] >> 47).ne(0).sum()) for ws in run.workspaces)
+        saturated = sum(int(fmt.sat_mask(ws.sat[:rows], ws.score_bits).ne(0).sum()) for ws in run.workspaces)
         kernels = {}
         if per_kernel:
             with without_pdl(run.workspaces):
@@ -107,12 +120,15 @@ def main() -> None:
     parser.add_argument("--interleaves", nargs="+", type=int, default=[1, 64], help="the merge's interleaves")
     parser.add_argument("--skip-rank0-best", action="store_true",
                         help="leave out the merges whose best scores all sit on rank 0")
+    parser.add_argument("--fp32", action="store_true", help="exact fp32 order beside bf16 order, then stop")
     args = parser.parse_args()
     results = {"gpu": torch.cuda.get_device_name(), "pack": [], "merge": []}
     save = lambda: json.dump(results, open(args.out, "w"), indent=1)
     gen = torch.Generator(device="cuda").manual_seed(0)
     families = ["normal"] + [f for f in args.families if f != "normal"]
     print(f"# {results['gpu']}: microseconds per call (graphs of {CALLS} calls over distinct inputs, medians)")
+    if args.fp32:
+        return bench_fp32(families, args.interleaves, gen, results, save)
     shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes]
     for rows, width in () if args.skip_pack else shapes:
         print(f"pack [{rows}, {width}] N=384   family  pack  vs-normal  torch.topk  exact  kernels (own, no PDL)")
@@ -151,6 +167,38 @@ def main() -> None:
               f"{best['saturated_rows']}, exact {base['exact']} {best['exact']}); generic by rank "
               f"{best['generic_by_rank_us']:.1f}  per rank: "
               + " ".join(f"{k} {v:.1f}" for k, v in best["kernels_per_rank_us"].items()), flush=True)
+
+
+def bench_fp32(families, interleaves, gen, results, save) -> None:
+    """Exact fp32 order beside bf16 order of the same scores rounded: the
+    pack [64, 16384] (the widest rows fp32 order takes on the kernels so
+    far), and the merge W = 8, T = 64, S = 16384 beside the generic merge on
+    the fp32 scores."""
+    dev, fp32 = torch.device("cuda"), torch.float32
+    rows, width, world, k = 64, 16384, 8, 2048
+    print(f"fp32 pack [{rows}, {width}] N=384   family  fp32  bf16  ratio  torch.topk(fp32)  exact")
+    for family in families:
+        copies = [family_scores(family, rows, width, gen, dev, fp32) for _ in range(CALLS)]
+        exact32 = bench_pack(rows, width, family, gen, copies=copies, max_local_len=width, score_dtype=fp32)
+        rounded = bench_pack(rows, width, family, gen, copies=[c.bfloat16() for c in copies], max_local_len=width)
+        results["pack"] += [dict(exact32, score_dtype="float32"), rounded]
+        save()
+        print(f"  {family:<18}{exact32['pack_us']:8.1f}{rounded['pack_us']:8.1f}"
+              f"{exact32['pack_us'] / rounded['pack_us']:8.2f}x{exact32['torch_topk_us']:10.1f}"
+              f"  {exact32['exact']} {rounded['exact']}", flush=True)
+    for interleave in interleaves:
+        print(f"fp32 merge W={world} T={rows} S={width} I={interleave}   family  fp32  bf16  ratio  "
+              "generic-by-rank(fp32)  speedup  exact")
+        for family in families:
+            logits = merge_inputs(family, world, rows, width, interleave, gen, dtype=fp32)
+            exact32 = bench_merge(logits, interleave, k, score_dtype=fp32)
+            rounded = bench_merge(logits.bfloat16(), interleave, k)
+            results["merge"] += [dict(exact32, family=family, score_dtype="float32"), dict(rounded, family=family)]
+            save()
+            print(f"  {family:<18}{exact32['merge_us']:8.1f}{rounded['merge_us']:8.1f}"
+                  f"{exact32['merge_us'] / rounded['merge_us']:8.2f}x{exact32['generic_by_rank_us']:10.1f}"
+                  f"{exact32['generic_by_rank_us'] / exact32['merge_us']:8.1f}x  {exact32['exact']} {rounded['exact']}"
+                  f" saturated={exact32['saturated_rows']}", flush=True)
 
 
 if __name__ == "__main__":

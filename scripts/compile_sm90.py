@@ -63,33 +63,38 @@ def _aligned(value, path=()):
     return [path] if divisible else []
 
 
-def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, planes: int = 1,
+def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, score_bits: int = 16,
              library_peers: int = 0):
     """The launches of one configuration, built by the launchers themselves
     from small CPU tensors (nothing runs): a merge of one row of 131072
-    tokens on a rank of ``world_size``, the pack's pipelines for N (rows
-    given no starts) and for K rounded up to 32 (pushed lists; rows given
-    starts), so that both forms of the row window compile, the packing of a
-    caller's indices, and the select and the rescue in both output forms."""
-    rows, width, max_rows, interleave = 1, 131072, 1, 1
+    tokens (32-bit scores: 16384, the widest they take) on a rank of
+    ``world_size``, the pack's pipelines for N (rows given no starts) and
+    for K rounded up to 32 (pushed lists; rows given starts), so that both
+    forms of the row window compile, the packing of a caller's indices, and
+    the select and the rescue in both output forms."""
+    rows, max_rows, interleave = 1, 1, 1
+    width = 131072 if score_bits == 16 else pack.SHORT_ROWS
+    planes = fmt.num_planes(width)
     i32 = dict(dtype=torch.int32)
     logits = torch.zeros(rows, width, dtype=dtype)
     ends = torch.full((rows,), width, **i32)
-    epochs, sat, status = torch.zeros(max_rows, **i32), torch.zeros(max_rows, dtype=torch.int64), torch.zeros(4, **i32)
+    none = torch.zeros(max_rows, dtype=torch.int64)
+    epochs, sat, status = torch.zeros(max_rows, **i32), fmt.sat_word(none, none, score_bits), torch.zeros(4, **i32)
     ptrs, pes = torch.zeros(world_size, dtype=torch.int64), torch.zeros(world_size, **i32)
     slots = fmt.rescue_slots(topk, local_topk)
     gid_bits = fmt.global_id_bits(world_size, interleave, width)
     for n, list_slots, starts in ((local_topk, 0, None), (fmt.list_len(topk), slots, torch.zeros_like(ends))):
-        out = torch.zeros(rows, fmt.packed_row_words(n, planes), **i32)
+        out = torch.zeros(rows, fmt.packed_row_words(n, planes, score_bits), **i32)
         scratch, arrivals = pack.scratch_for(rows, n, width, "cpu")
         publish = pack.Publish(epochs, ptrs, ptrs, pes, max_rows, 0, world_size, sat=sat, list_slots=list_slots,
                                gid_bits=gid_bits if list_slots else 0, library_peers=library_peers if list_slots else 0)
         for call_width in TritonBackend.compiled_widths(width):  # each width class of the pack
             yield from pack.pipeline(out, logits[:, :call_width], starts, ends, n=n, max_local_len=width,
-                                     scratch=scratch, arrivals=arrivals, publish=publish, pdl=True)
-    packed = torch.zeros(rows, fmt.packed_row_words(local_topk, planes), **i32)
+                                     scratch=scratch, arrivals=arrivals, publish=publish, pdl=True,
+                                     score_bits=score_bits)
+    packed = torch.zeros(rows, fmt.packed_row_words(local_topk, planes, score_bits), **i32)
     yield pack.pack_indices_launch(packed, logits, torch.zeros(rows, local_topk, **i32), None, ends,
-                                   max_local_len=width, pdl=True)
+                                   max_local_len=width, pdl=True, score_bits=score_bits)
     yield exchange.push_rows_launch(packed, epochs, ptrs, ptrs, pes, max_rows=max_rows, rank=0,
                                     world_size=world_size, library_peers=library_peers, pdl=True)
     table = torch.zeros(4, 8, **i32)
@@ -99,7 +104,7 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, pl
                   ties=torch.zeros(rows, select.TIE_TILE, dtype=torch.int64),
                   selected=torch.zeros(rows, select.rescue_keys(topk), dtype=torch.int64), max_rows=max_rows,
                   rank=0, world_size=world_size, topk=topk, local_topk=local_topk, planes=planes,
-                  interleave=interleave, gid_bits=gid_bits, max_spins=1000, pdl=True)
+                  interleave=interleave, gid_bits=gid_bits, max_spins=1000, pdl=True, score_bits=score_bits)
     for sorted_ in (False, True):  # sorted: the select and the rescue only store the chosen keys
         yield select.select_launch(**common, sorted=sorted_)
         yield select.rescue_launch(**common, sorted=sorted_, recv=torch.zeros(1, **i32), slots=slots)
@@ -129,24 +134,25 @@ def compile_one(launch, extern_libs=None) -> dict:
 
 
 CONFIGS = ((8, 2048, 384, torch.bfloat16), (16, 4096, 384, torch.bfloat16), (1, 2048, 3072, torch.bfloat16),
-           (3, 96, 32, torch.float32), (4, 3000, 1152, torch.float16))
+           (3, 96, 32, torch.float32), (4, 3000, 1152, torch.float16), (8, 2048, 384, torch.float32, 32))
 
 
 def main(device_library: str | None = None) -> list[dict]:
     rows = []
-    print(f"{'kernel':<24}{'W':>3}{'K':>6}{'N':>6}{'compile s':>11}{'regs':>6}{'stack':>7}{'local':>7}")
+    print(f"{'kernel':<24}{'W':>3}{'K':>6}{'N':>6}{'bits':>5}{'compile s':>11}{'regs':>6}{'stack':>7}{'local':>7}")
     jobs = [(config, variant, None) for config in CONFIGS for variant in variants(*config)]
     if device_library:  # the two kernels that reach peers, every peer but rank 0 through the library
         config = CONFIGS[0]
         jobs += [(config, variant, {"libnvshmem_device": device_library})
                  for variant in variants(*config, library_peers=(1 << config[0]) - 2)
                  if variant.kernel in (exchange.push_rows_kernel, spread.finish_kernel, spread.radix_kernel)]
-    for (world_size, topk, local_topk, _), variant, extern_libs in jobs:
+    for (world_size, topk, local_topk, _, *bits), variant, extern_libs in jobs:
+        score_bits = bits[0] if bits else 16
         row = dict(compile_one(variant, extern_libs=extern_libs), W=world_size, K=topk, N=local_topk,
-                   device_library=extern_libs is not None)
+                   score_bits=score_bits, device_library=extern_libs is not None)
         rows.append(row)
         name = row["kernel"] + (" (library)" if extern_libs else "")
-        print(f"{name:<24}{world_size:>3}{topk:>6}{local_topk:>6}{row['seconds']:>11.1f}"
+        print(f"{name:<24}{world_size:>3}{topk:>6}{local_topk:>6}{score_bits:>5}{row['seconds']:>11.1f}"
               f"{row['registers']:>6}{row['stack']:>7}{row['local']:>7}", flush=True)
     return rows
 

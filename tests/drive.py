@@ -10,12 +10,13 @@ import nvshmem_topk as nt
 
 
 def drive(logits, ends, *, topk, local_topk, interleave=1, impl="reference", sorted=False,
-          block_size=16, stride_rows=64, starts=None, with_ids=True):
+          block_size=16, stride_rows=64, starts=None, with_ids=True, score_dtype=None):
     world, rows, width = logits.shape
     device = logits.device
     group = nt.SimulatedGroup(world, device)
     wss = [nt.init_dcp_topk_merge(g, max_rows=rows + 3, topk=topk, local_topk=local_topk,
-                                  max_local_len=max(width, 1), interleave=interleave, impl=impl)
+                                  max_local_len=max(width, 1), interleave=interleave, impl=impl,
+                                  score_dtype=score_dtype)
            for g in group.ranks]
     blocks = -(-width // block_size)
     gen = torch.Generator().manual_seed(1)
@@ -33,7 +34,7 @@ def drive(logits, ends, *, topk, local_topk, interleave=1, impl="reference", sor
         return state["ids"][r] if with_ids else None
 
     packed = [nt.dcp_topk_pack(logits[r], ends[r], local_topk=wss[r].local_topk, max_local_len=max(width, 1),
-                               impl=impl, row_starts=first[r]) for r in range(world)]
+                               impl=impl, row_starts=first[r], score_dtype=score_dtype) for r in range(world)]
     state["packed"] = torch.stack(packed)
     for r, ws in enumerate(wss):
         nt.dcp_topk_exchange(packed[r], workspace=ws)

@@ -9,7 +9,7 @@ import nvshmem_topk as nt
 from nvshmem_topk import format as fmt
 from nvshmem_topk import reference
 from nvshmem_topk.contract import assert_packed_merge_contract
-from nvshmem_topk.testing import shard
+from nvshmem_topk.testing import shard, sub_bf16_scores
 from oracle import assert_exact, oracle_topk
 
 FP32 = torch.float32
@@ -17,20 +17,6 @@ FP32 = torch.float32
 
 def _from_bits(bits: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
-
-
-def sub_bf16_rows(rows: int, total: int, gen: torch.Generator) -> torch.Tensor:
-    """fp32 global rows that bf16 cannot rank: every score shares its bf16
-    level (the fp32 cut to bf16) with others and differs from them in its
-    low 16 bits; some are exact fp32 duplicates (true ties); one row is
-    vLLM's "10 LSBits" case, every score in one bf16 level."""
-    levels = torch.randn(rows, total, generator=gen).bfloat16().float().view(torch.int32) & ~0xFFFF
-    x = _from_bits(levels | torch.randint(0, 1 << 16, (rows, total), generator=gen, dtype=torch.int32))
-    x[0] = _from_bits(0x3F800000 + torch.randint(0, 1 << 10, (total,), generator=gen))
-    source = torch.randint(0, total, (rows, total // 8), generator=gen)
-    target = torch.randint(0, total, (rows, total // 8), generator=gen)
-    x.scatter_(1, target, x.gather(1, source))
-    return x
 
 
 def _unsharded_topk_agrees(got: torch.Tensor, scores: torch.Tensor, topk: int) -> None:
@@ -47,7 +33,7 @@ def _unsharded_topk_agrees(got: torch.Tensor, scores: torch.Tensor, topk: int) -
 def test_dcp_equals_the_unsharded_fp32_topk(world_size, interleave):
     gen = torch.Generator().manual_seed(world_size * 10 + interleave)
     topk, width = 64, 256
-    scores = sub_bf16_rows(4, world_size * width, gen)
+    scores = sub_bf16_scores(4, world_size * width, gen)
     logits = shard(scores, world_size, interleave)
     ends = torch.full((world_size, 4), width, dtype=torch.int32)
     got = nt.simulate_dcp_topk_merge(logits, ends, topk=topk, interleave=interleave, score_dtype=FP32)
@@ -77,7 +63,7 @@ def test_the_cases_bf16_rounding_gets_wrong():
 @pytest.mark.parametrize("topk", [1, 7, 2047, 3000, 4096])
 def test_any_topk_in_fp32_order(topk):
     world_size, width = 4, 2048
-    scores = sub_bf16_rows(2, world_size * width, torch.Generator().manual_seed(topk))
+    scores = sub_bf16_scores(2, world_size * width, torch.Generator().manual_seed(topk))
     logits = shard(scores, world_size, 2)
     ends = torch.full((world_size, 2), width, dtype=torch.int32)
     got = nt.simulate_dcp_topk_merge(logits, ends, topk=topk, interleave=2, score_dtype=FP32, sorted=True)
@@ -89,7 +75,7 @@ def test_windows_nan_infinities_and_signed_zeros():
     window [start, end) bounds its tokens."""
     gen = torch.Generator().manual_seed(3)
     world_size, rows, width, topk = 4, 6, 96, 48
-    logits = sub_bf16_rows(world_size * rows, width, gen).view(world_size, rows, width)
+    logits = sub_bf16_scores(world_size * rows, width, gen).view(world_size, rows, width)
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-45, -1e-45])
     spots = torch.rand(logits.shape, generator=gen) < 0.3
     logits[spots] = special[torch.randint(0, len(special), (int(spots.sum()),), generator=gen)]
@@ -116,7 +102,7 @@ def test_a_saturated_rank_is_rescued_in_fp32_order():
     """Rank 0 holds the best scores, which tie at bf16 level: it saturates,
     and the rescue ranks its pushed list by the full fp32 order."""
     world_size, width, topk = 4, 512, 64
-    scores = sub_bf16_rows(2, world_size * width, torch.Generator().manual_seed(9))
+    scores = sub_bf16_scores(2, world_size * width, torch.Generator().manual_seed(9))
     on_rank_0 = torch.arange(world_size * width) % world_size == 0
     scores[:, on_rank_0] = _from_bits(0x41200000 + torch.randperm(width, generator=torch.Generator().manual_seed(2)))
     logits = shard(scores, world_size)
@@ -138,7 +124,7 @@ def test_32_bit_words_hold_the_whole_order():
     accepts it in the fp32 order and the merge takes it as round-1 rows."""
     gen = torch.Generator().manual_seed(11)
     rows, width, n = 3, 70000, 64  # local ids past 2^16: one plane
-    logits = sub_bf16_rows(rows, width, gen)
+    logits = sub_bf16_scores(rows, width, gen)
     ends = torch.tensor([width, 40000, 17], dtype=torch.int64)
     packed = nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=width, score_dtype=FP32)
     assert packed.shape == (rows, fmt.packed_row_words(n, 1, 32)) == (rows, n + n // 32 + n // 2)
@@ -157,11 +143,11 @@ def test_score_dtype_is_checked_before_anything_runs(monkeypatch):
     ends = torch.full((1,), 64, dtype=torch.int32)
     with pytest.raises(ValueError, match="score_dtype must be None .* or torch.float32"):
         nt.dcp_topk_pack(logits, ends, local_topk=32, max_local_len=64, score_dtype=torch.float16)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with pytest.raises(ValueError, match="impl='reference' only"):
-        nt.dcp_topk_pack(logits, ends, local_topk=32, max_local_len=64, impl="triton", score_dtype=FP32)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # impl='triton' is then accepted on CPU tensors
+    with pytest.raises(ValueError, match="impl='triton' needs max_local_len <= 16384 so far, got 16385"):
+        nt.dcp_topk_pack(logits, ends, local_topk=32, max_local_len=16385, impl="triton", score_dtype=FP32)
     group = nt.SimulatedGroup(2, torch.device("cpu"))
-    with pytest.raises(ValueError, match="impl='reference' only"):
-        nt.init_dcp_topk_merge(group.ranks[0], max_rows=1, topk=32, max_local_len=64, impl="triton",
+    with pytest.raises(ValueError, match="impl='triton' needs max_local_len <= 16384 so far, got 65536"):
+        nt.init_dcp_topk_merge(group.ranks[0], max_rows=1, topk=32, max_local_len=65536, impl="triton",
                                score_dtype=FP32)
     group.destroy()

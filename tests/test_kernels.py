@@ -675,6 +675,57 @@ def test_fp32_logits_round_to_bf16_like_the_reference(device):
 
 
 @needs_triton
+@pytest.mark.parametrize("world_size,interleave,topk,local_topk", [(2, 1, 64, 64), (4, 2, 45, 32),
+                                                                  pytest.param(8, 64, 128, 32, marks=pytest.mark.slow)])
+def test_fp32_order_matches_reference_stage_by_stage(world_size, interleave, topk, local_topk, device):
+    """Exact fp32 order on the short rows' kernel, the select and the
+    rescue: scores that tie at bf16 but not in fp32 (every row), NaN,
+    infinities and signed zeros, windows, bf16 logits widened, and one rank
+    holding the best scores (its pushed list and the rescue), sorted or
+    not."""
+    from nvshmem_topk.testing import shard, sub_bf16_scores
+
+    gen = torch.Generator().manual_seed(world_size)
+    rows, width = 4, 320  # a multiple of the interleave: every global id is on some rank
+    scores = sub_bf16_scores(rows, world_size * width, gen)
+    scores[1, :: 7] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])[torch.arange(
+        scores[1, ::7].numel()) % 5]
+    owner, _ = nt.format.owner_and_local(torch.arange(world_size * width), world_size, interleave)
+    scores[2, owner == 1] += 50  # rank 1 holds the best: it saturates
+    logits = shard(scores, world_size, interleave)
+    starts = torch.randint(0, 40, (world_size, rows), generator=gen)
+    ends = torch.randint(width - 40, width + 5, (world_size, rows), generator=gen)
+    fp32 = torch.float32
+    for sorted_ in (False, True):
+        got = _same_at_every_stage(logits.to(device), ends.to(device), topk=topk, local_topk=local_topk,
+                                   interleave=interleave, sorted=sorted_, starts=starts.to(device), score_dtype=fp32)
+        want = oracle_topk(logits, ends, topk, interleave, row_starts=starts, score_dtype=fp32)
+        assert_exact(got["ids"].cpu(), want, ordered=sorted_)
+    assert want != oracle_topk(logits, ends, topk, interleave, row_starts=starts), "bf16 order would do"
+    assert (got["sat"].cpu()[:, 2, 0] >> 47 == 2).all(), "rank 1 is saturated on row 2"
+    wide = logits.bfloat16()  # 16-bit logits in fp32 order: their own
+    got = _same_at_every_stage(wide.to(device), ends.to(device), topk=topk, local_topk=local_topk,
+                               interleave=interleave, score_dtype=fp32)
+    assert_exact(got["ids"].cpu(), oracle_topk(wide, ends, topk, interleave))
+
+
+@needs_triton
+def test_fp32_pack_indices_kernel_matches_reference(device):
+    from nvshmem_topk import reference
+    from nvshmem_topk.testing import sub_bf16_scores
+
+    logits = sub_bf16_scores(3, 300, torch.Generator().manual_seed(4))
+    logits[1, ::5] = float("nan")
+    ends = torch.tensor([300, 200, 7], dtype=torch.int32)
+    idx = reference.local_topk_indices(logits, ends, 64, 300, score_bits=32).int()
+    idx[:, ::3] = idx.flip(1)[:, ::3]  # any order, some ids repeated or -1
+    lg, e, ix = logits.to(device), ends.to(device), idx.to(device)
+    a = nt.dcp_topk_pack_indices(lg, ix, e, max_local_len=300, impl="triton", score_dtype=torch.float32)
+    b = nt.dcp_topk_pack_indices(lg, ix, e, max_local_len=300, impl="reference", score_dtype=torch.float32)
+    assert torch.equal(a.cpu(), b.cpu())
+
+
+@needs_triton
 def test_fp16_scores_rank_in_fp16_order_with_int64_row_ends(device, pack_kernels):
     """fp16 scores that tie once rounded to bf16 (so a bf16 ranking would
     choose other ids), every fp16 NaN pattern class, infinities, zeros of
