@@ -8,7 +8,6 @@ import triton.language as tl
 from .. import format as fmt
 
 LOW_BITS = tl.constexpr(fmt.LOW_BITS)
-SCORE_BITS = tl.constexpr(16)  # a key's top bits: the ord16 score (then the inverted global id)
 SAT_MASK_SHIFT = tl.constexpr(fmt.SAT_MASK_SHIFT)
 SAT_KAPPA_MASK = tl.constexpr(fmt.SAT_KAPPA_MASK)
 MIN_VALID = tl.constexpr(fmt.MIN_VALID_ORD16)  # every valid score's ord16 is at least this; 0 is "none"
@@ -87,6 +86,30 @@ def folded32(x):
     else:
         bits = x.to(tl.float32).to(tl.int32, bitcast=True)
     return tl.where(x != x, NO_SCORE32, bits ^ ((bits >> 31) & 0x7FFFFFFF))
+
+
+@triton.jit
+def load_sat(sat_ptr, row, SCORE_BITS: tl.constexpr):
+    """(mask, kappa) of ``row``'s saturation state (``format.sat_word``: one
+    int64 a row, two with 32-bit scores)."""
+    if SCORE_BITS == 32:
+        mask = tl.load(sat_ptr + 2 * row) >> SAT_MASK_SHIFT
+        kappa = tl.load(sat_ptr + 2 * row + 1)
+    else:
+        sat = tl.load(sat_ptr + row)
+        mask = sat >> SAT_MASK_SHIFT
+        kappa = sat & SAT_KAPPA_MASK
+    return mask, kappa
+
+
+@triton.jit
+def store_sat(sat_ptr, row, mask, kappa, SCORE_BITS: tl.constexpr):
+    """``row``'s saturation state, as ``load_sat`` reads it."""
+    if SCORE_BITS == 32:
+        tl.store(sat_ptr + 2 * row, mask << SAT_MASK_SHIFT)
+        tl.store(sat_ptr + 2 * row + 1, kappa)
+    else:
+        tl.store(sat_ptr + row, (mask << SAT_MASK_SHIFT) | kappa)
 
 
 @triton.jit

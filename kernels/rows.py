@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from .exchange import call_epoch, peer_flags, push_list, push_row
-from .keys import (LOW_BITS, MAX_PEERS, NO_SCORE32, SAT_KAPPA_MASK, SAT_MASK_SHIFT, is_nan_bits, ord16, packed_word,
-                   power_of_2, score16_bits)
+from .keys import (LOW_BITS, MAX_PEERS, NO_SCORE32, is_nan_bits, load_sat, ord16, packed_word, power_of_2,
+                   score16_bits)
 
 
 # Kernels that take the call's row width never specialise on it (Triton
@@ -62,7 +62,7 @@ def row_target(row, sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIS
     (LIST): rows where this rank is saturated, in its slot of the receive
     buffer, popcount(mask & ((1 << rank) - 1))."""
     if LIST:
-        mask = tl.load(sat_ptr + row * (SCORE_BITS // 16)) >> SAT_MASK_SHIFT  # format.sat_word
+        mask, _ = load_sat(sat_ptr, row, SCORE_BITS)
         slot = tl.zeros((), dtype=tl.int64)
         for q in tl.static_range(MAX_PEERS):
             slot += tl.where(q < rank, (mask >> q) & 1, 0)
@@ -75,10 +75,11 @@ def row_target(row, sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIS
 def list_floor(sat_ptr, row, KAPPA_SHIFT: tl.constexpr, SCORE_BITS: tl.constexpr = 16):
     """The lowest ord16 (int32; with 32-bit scores ord32, int64) a pushed
     list of ``row`` holds: kappa's score (``format.list_floor``)."""
-    if SCORE_BITS == 32:  # (mask, kappa): format.sat_word
-        return tl.load(sat_ptr + 2 * row + 1) >> KAPPA_SHIFT
-    else:
-        return ((tl.load(sat_ptr + row) & SAT_KAPPA_MASK) >> KAPPA_SHIFT).to(tl.int32)
+    _, kappa = load_sat(sat_ptr, row, SCORE_BITS)
+    floor = kappa >> KAPPA_SHIFT
+    if SCORE_BITS == 16:
+        floor = floor.to(tl.int32)
+    return floor
 
 
 # ----------------------------------------------- thresholds and compaction

@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from .. import format as fmt
-from .keys import (SAT_KAPPA_MASK, SAT_MASK_SHIFT, TIE_TILE, decode_keys, emit_selected, key_gid, kth_largest,
-                   owner_and_local, packed_words, power_of_2, radix_boundary, radix_digit_histogram, write_outputs)
+from .keys import (TIE_TILE, decode_keys, emit_selected, key_gid, kth_largest, load_sat, owner_and_local, packed_words,
+                   power_of_2, radix_boundary, radix_digit_histogram, store_sat, write_outputs)
 from .exchange import call_epoch, gather_slot
 from .launch import Launch
 from .sync import after_prior_kernel, record_timeout, wait_flags_at_least
@@ -49,29 +49,6 @@ def _round1_keys(gather_ptr, row, epoch, max_rows, N: tl.constexpr, PLANES: tl.c
     owner = tl.arange(0, WORLD_P2)[:, None]
     return decode_keys(gather_ptr + gather_slot(row, epoch, max_rows, owner, words, WORLD), slot, owner,
                        (owner < WORLD) & (slot < N), N, PLANES, WORLD, INTERLEAVE, GID_BITS, SCORE_BITS)
-
-
-@triton.jit
-def _store_sat(sat_ptr, row, mask, kappa, SCORE_BITS: tl.constexpr):
-    """The row's saturation state (``format.sat_word``)."""
-    if SCORE_BITS == 32:
-        tl.store(sat_ptr + 2 * row, mask << SAT_MASK_SHIFT)
-        tl.store(sat_ptr + 2 * row + 1, kappa)
-    else:
-        tl.store(sat_ptr + row, (mask << SAT_MASK_SHIFT) | kappa)
-
-
-@triton.jit
-def _load_sat(sat_ptr, row, SCORE_BITS: tl.constexpr):
-    """(mask, kappa) of the row's saturation state (``format.sat_word``)."""
-    if SCORE_BITS == 32:
-        mask = tl.load(sat_ptr + 2 * row) >> SAT_MASK_SHIFT
-        kappa = tl.load(sat_ptr + 2 * row + 1)
-    else:
-        sat = tl.load(sat_ptr + row)
-        mask = sat >> SAT_MASK_SHIFT
-        kappa = sat & SAT_KAPPA_MASK
-    return mask, kappa
 
 
 # The sizes of the rows output are kernel arguments of their own, never
@@ -109,7 +86,7 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
         mask = tl.sum(tl.where(saturated, tl.full((WORLD_P2,), 1, tl.int64) << sender, 0), axis=0)
         emit_selected(keys, kappa, selected, row, outputs, sizes, rank, selected_ptr + row * KEYS, mask != 0, TOPK,
                       WORLD, INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
-        _store_sat(sat_ptr, row, mask, kappa, SCORE_BITS)
+        store_sat(sat_ptr, row, mask, kappa, SCORE_BITS)
 
 
 @triton.jit
@@ -190,7 +167,7 @@ def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
     flags_ptr, status_ptr, max_spins = waits
     row = tl.program_id(0).to(tl.int64)
     epoch = call_epoch(epochs_ptr, row)
-    mask, kappa = _load_sat(sat_ptr, row, SCORE_BITS)
+    mask, kappa = load_sat(sat_ptr, row, SCORE_BITS)
     ok = True
     if mask != 0:
         ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD,
@@ -284,7 +261,7 @@ def order_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride
     row = tl.program_id(0).to(tl.int64)
     todo = tl.load(status_ptr) == 0
     if rescued_only:
-        todo = todo & (_load_sat(sat_ptr, row, SCORE_BITS)[0] != 0)
+        todo = todo & (load_sat(sat_ptr, row, SCORE_BITS)[0] != 0)
     if todo:
         slot = tl.arange(0, power_of_2(TOPK))[None, :]
         keys = tl.sort(tl.load(selected_ptr + row * KEYS + slot), dim=1, descending=True)

@@ -605,6 +605,16 @@ def test_kth_largest_near_the_top_and_far_from_it(device):
         assert out[case].tolist() == [want, min(k, present.numel())] * 2, (case, k)
 
 
+def test_kernels_size_packed_rows_as_the_format_does():
+    from nvshmem_topk import format as fmt
+    from nvshmem_topk.kernels.keys import packed_words
+
+    for n in (32, 64, 384, 2048, 4096):
+        for planes in range(fmt.MAX_PLANES + 1):
+            for score_bits in fmt.SCORE_BITS:
+                assert packed_words(n, planes, score_bits) == fmt.packed_row_words(n, planes, score_bits)
+
+
 def test_plan_sizes_the_room_and_the_scratch():
     """The local selection's plan: a power-of-two room between 512 and
     MAX_ROOM that holds twice the expected candidates (n r_lo / r, r the
