@@ -39,25 +39,35 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
     counts for any scores; 32-bit scores, ``bisected_threshold32``), then
     one scan in token order (``line_positions``) of ``above_and_ties``
     places the kept ones; the rest of the packed row is zeroed (no id
-    reaches 2^16: every plane bit is 0). A pushed list's row is read before
-    the prior kernel ends, up to the call's width (its window is read
-    after)."""
+    reaches 2^16: every plane bit is 0). 32-bit scores are held as two
+    halves of the row, each placed in turn: at once, their compaction's
+    addresses and values outgrow the registers. A pushed list's row is read
+    before the prior kernel ends, up to the call's width (its window is
+    read after)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
+    second: tl.constexpr = ROW // (SCORE_BITS // 16)  # where the part holding the second half starts
     row = tl.program_id(0).to(tl.int64)
-    local = tl.arange(0, ROW // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]  # 8 adjacent tokens a thread
+    local = tl.arange(0, second // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]  # 8 adjacent tokens a thread
     row_ptrs = logits_ptr + row * logits_stride + local
     if LIST:  # the scores were written before the pack, two kernels back: read while the select runs
         x = load_tokens(row_ptrs, local < width_limit, width_limit >= ROW)
+        if SCORE_BITS == 32:
+            x2 = load_tokens(row_ptrs + second, local + second < width_limit, width_limit >= ROW)
     after_prior_kernel(PDL)
     active, offset = row_target(row, sat_ptr, rank, words, SLOTS, LIST, SCORE_BITS)
     if active:
         start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
         inside = (local >= start) & (local < end)
+        whole = (start == 0) & (end == ROW)
         if not LIST:
-            x = load_tokens(row_ptrs, inside, (start == 0) & (end == ROW))
+            x = load_tokens(row_ptrs, inside, whole)
         if SCORE_BITS == 32:
-            _row_top_n32(out_ptr + offset, x, inside, local, sat_ptr, row, N, PLANES, LIST, KAPPA_SHIFT)
+            inside2 = (local + second >= start) & (local + second < end)
+            if not LIST:
+                x2 = load_tokens(row_ptrs + second, inside2, whole)
+            _row_top_n32(out_ptr + offset, (x, x2), (inside, inside2), local, sat_ptr, row, N, PLANES, LIST,
+                         KAPPA_SHIFT, second)
         else:
             _row_top_n16(out_ptr + offset, x, inside, local, sat_ptr, row, N, PLANES, LIST, KAPPA_SHIFT)
         publish_row(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
@@ -87,28 +97,47 @@ def _row_top_n16(out_row, x, inside, local, sat_ptr, row, N: tl.constexpr, PLANE
 
 
 @triton.jit
-def _row_top_n32(out_row, x, inside, local, sat_ptr, row, N: tl.constexpr, PLANES: tl.constexpr,
-                 LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr):
-    """``_row_top_n16`` by the fp32 order of the scores: the words hold the
-    orders' top halves; the low halves follow, stored as int16 (two
-    candidates share a word)."""
-    order = tl.where(inside, folded32(x), NO_SCORE32)
+def _row_top_n32(out_row, xs, insides, local, sat_ptr, row, N: tl.constexpr, PLANES: tl.constexpr,
+                 LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, SECOND: tl.constexpr):
+    """``_row_top_n16`` by the fp32 order of the scores, the row in two
+    parts (``xs``, ``insides``: each part's scores and window; the second
+    part's tokens are SECOND further): the words hold the orders' top
+    halves, the low halves follow them."""
+    order = tl.where(insides[0], folded32(xs[0]), NO_SCORE32)
+    order2 = tl.where(insides[1], folded32(xs[1]), NO_SCORE32)
     if LIST:
-        floor = list_floor(sat_ptr, row, KAPPA_SHIFT, 32)
-        order = tl.where(order >= (floor - 0x80000000).to(tl.int32), order, NO_SCORE32)
-        above = tl.sum(tl.sum((order != NO_SCORE32).to(tl.int32), axis=1), axis=0)
+        floor = (list_floor(sat_ptr, row, KAPPA_SHIFT, 32) - 0x80000000).to(tl.int32)  # folded
+        order = tl.where(order >= floor, order, NO_SCORE32)
+        order2 = tl.where(order2 >= floor, order2, NO_SCORE32)
+        above = tl.sum(tl.sum((order != NO_SCORE32).to(tl.int32) + (order2 != NO_SCORE32).to(tl.int32), axis=1),
+                       axis=0)
         threshold = tl.full((), NO_SCORE32, tl.int32)  # every valid token is above it
         if above > N:
-            threshold, above = bisected_threshold32(order, N, (floor - 0x80000000).to(tl.int32))
+            threshold, above = bisected_threshold32(order, order2, N, floor)
     else:
-        threshold, above = bisected_threshold32(order, N, NO_SCORE32)
+        threshold, above = bisected_threshold32(order, order2, N, NO_SCORE32)
+    found = (threshold != NO_SCORE32).to(tl.int32)
     counts = above_and_ties32(order, threshold)
-    slot, keep, kept = kept_slots(counts, line_positions(counts), (threshold != NO_SCORE32).to(tl.int32), above, N)
+    first = tl.sum(tl.sum(counts, axis=1), axis=0)  # both fields, the first part's: where the second's start
+    _store_part32(out_row, order, local, counts, line_positions(counts), found, above, N, PLANES)
+    counts = above_and_ties32(order2, threshold)
+    kept = _store_part32(out_row, order2, local + SECOND, counts, first + line_positions(counts), found, above, N,
+                         PLANES)
+    zero_row_from(out_row, kept, low_halves_at(N, PLANES), 1024)
+    zero_row_from((out_row + low_halves_at(N, PLANES)).to(tl.pointer_type(tl.int16)), kept, N, 1024)
+
+
+@triton.jit
+def _store_part32(out_row, order, local, counts, before, found, above, N: tl.constexpr, PLANES: tl.constexpr):
+    """One part's kept tokens (``kept_slots`` of its ``counts``, ``before``
+    them the scan's, the earlier parts' included): their words, then their
+    low halves as int16 (two candidates share a word). Returns the row's
+    kept count."""
+    slot, keep, kept = kept_slots(counts, before, found, above, N)
     tl.store(out_row + slot, packed_word((order >> 16) + 0x8000, local), mask=keep)
     halves = (out_row + low_halves_at(N, PLANES)).to(tl.pointer_type(tl.int16))
     tl.store(halves + slot, order.to(tl.int16), mask=keep)  # its low 16 bits
-    zero_row_from(out_row, kept, low_halves_at(N, PLANES), 1024)
-    zero_row_from(halves, kept, N, 1024)
+    return kept
 
 
 # ---------------------------------------------------------------- launcher

@@ -136,17 +136,17 @@ def bisected_threshold(score, need, lowest, highest):
 
 
 @triton.jit
-def bisected_threshold32(order, need, lowest):
+def bisected_threshold32(order, order2, need, lowest):
     """``bisected_threshold`` of 32-bit scores (``keys.folded32``; NO_SCORE32
-    for invalid tokens): (t, above), the largest order t with at least
-    ``need`` orders >= t (NO_SCORE32 when fewer are valid: every valid one is
-    above it) and how many are above it (the count of the last bit that
-    failed). One count a bit of ord32 (the order with its top bit flipped),
-    the orders compared whole: a pair of 16-bit fields an int32 would cost as
-    many operations a token and hold a second copy of the row in registers.
-    ``lowest``: an order every valid token reaches, and at least ``need`` do
-    when it is above NO_SCORE32; the bits it gives are not counted."""
-    flat = tl.reshape(order, (order.numel,), can_reorder=True)  # counts need no order
+    for invalid tokens), held as two tensors of one shape: (t, above), the
+    largest order t with at least ``need`` orders >= t (NO_SCORE32 when
+    fewer are valid: every valid one is above it) and how many are above it
+    (the count of the last bit that failed). One count a bit of ord32 (the
+    order with its top bit flipped), the orders compared whole: a pair of
+    16-bit fields an int32 would cost as many operations a token and hold a
+    second copy of the row in registers. ``lowest``: an order every valid
+    token reaches, and at least ``need`` do when it is above NO_SCORE32; the
+    bits it gives are not counted."""
     unsigned = tl.zeros((), dtype=tl.int32)  # the threshold's ord32 so far, as an int32 pattern
     above = tl.zeros((), dtype=tl.int32)  # no bit failed: none is above t
     for bit in tl.static_range(31, -1, -1):
@@ -154,7 +154,8 @@ def bisected_threshold32(order, need, lowest):
         if candidate <= lowest:
             unsigned = candidate ^ NO_SCORE32
         else:
-            reached = tl.sum((flat >= candidate).to(tl.int32), axis=0)
+            reached = tl.sum(tl.sum((order >= candidate).to(tl.int32) + (order2 >= candidate).to(tl.int32), axis=1),
+                             axis=0)
             if reached >= need:
                 unsigned = candidate ^ NO_SCORE32
             else:

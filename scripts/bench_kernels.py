@@ -179,26 +179,32 @@ def bench_fp32(families, interleaves, gen, results, save) -> None:
     print(f"fp32 pack [{rows}, {width}] N=384   family  fp32  bf16  ratio  torch.topk(fp32)  exact")
     for family in families:
         copies = [family_scores(family, rows, width, gen, dev, fp32) for _ in range(CALLS)]
-        exact32 = bench_pack(rows, width, family, gen, copies=copies, max_local_len=width, score_dtype=fp32)
-        rounded = bench_pack(rows, width, family, gen, copies=[c.bfloat16() for c in copies], max_local_len=width)
+        exact32 = bench_pack(rows, width, family, gen, copies=copies, max_local_len=width, score_dtype=fp32,
+                             per_kernel=family == "normal")
+        rounded = bench_pack(rows, width, family, gen, copies=[c.bfloat16() for c in copies], max_local_len=width,
+                             per_kernel=family == "normal")
         results["pack"] += [dict(exact32, score_dtype="float32"), rounded]
         save()
         print(f"  {family:<18}{exact32['pack_us']:8.1f}{rounded['pack_us']:8.1f}"
               f"{exact32['pack_us'] / rounded['pack_us']:8.2f}x{exact32['torch_topk_us']:10.1f}"
-              f"  {exact32['exact']} {rounded['exact']}", flush=True)
+              f"  {exact32['exact']} {rounded['exact']}  "
+              + " ".join(f"{k} {v:.1f} / {rounded['kernels_us'][k]:.1f}" for k, v in exact32["kernels_us"].items()),
+              flush=True)
     for interleave in interleaves:
         print(f"fp32 merge W={world} T={rows} S={width} I={interleave}   family  fp32  bf16  ratio  "
               "generic-by-rank(fp32)  speedup  exact")
         for family in families:
             logits = merge_inputs(family, world, rows, width, interleave, gen, dtype=fp32)
-            exact32 = bench_merge(logits, interleave, k, score_dtype=fp32)
-            rounded = bench_merge(logits.bfloat16(), interleave, k)
+            exact32 = bench_merge(logits, interleave, k, per_kernel=family == "normal", score_dtype=fp32)
+            rounded = bench_merge(logits.bfloat16(), interleave, k, per_kernel=family == "normal")
             results["merge"] += [dict(exact32, family=family, score_dtype="float32"), dict(rounded, family=family)]
             save()
             print(f"  {family:<18}{exact32['merge_us']:8.1f}{rounded['merge_us']:8.1f}"
                   f"{exact32['merge_us'] / rounded['merge_us']:8.2f}x{exact32['generic_by_rank_us']:10.1f}"
                   f"{exact32['generic_by_rank_us'] / exact32['merge_us']:8.1f}x  {exact32['exact']} {rounded['exact']}"
-                  f" saturated={exact32['saturated_rows']}", flush=True)
+                  f" saturated={exact32['saturated_rows']}  per rank (fp32 / bf16): "
+                  + " ".join(f"{k} {v:.1f} / {rounded['kernels_per_rank_us'].get(k, 0):.1f}"
+                             for k, v in exact32["kernels_per_rank_us"].items()), flush=True)
 
 
 if __name__ == "__main__":
