@@ -140,27 +140,21 @@ def bisected_threshold32(order, order2, need, lowest):
     """``bisected_threshold`` of 32-bit scores (``keys.folded32``; NO_SCORE32
     for invalid tokens), held as two tensors of one shape: (t, above), the
     largest order t with at least ``need`` orders >= t (NO_SCORE32 when
-    fewer are valid: every valid one is above it) and how many are above it
-    (the count of the last bit that failed). One count a bit of ord32 (the
-    order with its top bit flipped), the orders compared whole: a pair of
-    16-bit fields an int32 would cost as many operations a token and hold a
-    second copy of the row in registers. ``lowest``: an order every valid
-    token reaches, and at least ``need`` do when it is above NO_SCORE32; the
-    bits it gives are not counted."""
-    unsigned = tl.zeros((), dtype=tl.int32)  # the threshold's ord32 so far, as an int32 pattern
-    above = tl.zeros((), dtype=tl.int32)  # no bit failed: none is above t
-    for bit in tl.static_range(31, -1, -1):
-        candidate = (unsigned | (tl.full((), 1, tl.int32) << bit)) ^ NO_SCORE32
-        if candidate <= lowest:
-            unsigned = candidate ^ NO_SCORE32
-        else:
-            reached = tl.sum(tl.sum((order >= candidate).to(tl.int32) + (order2 >= candidate).to(tl.int32), axis=1),
-                             axis=0)
-            if reached >= need:
-                unsigned = candidate ^ NO_SCORE32
-            else:
-                above = reached
-    return unsigned ^ NO_SCORE32, above
+    fewer are valid: every valid one is above it) and how many are above
+    it. ``bisected_threshold``'s counts on the top halves (an ord16 each;
+    ``lowest``: a folded order every valid token reaches, with at least
+    ``need`` valid when it is above NO_SCORE32), then on the low halves of
+    the tokens in the boundary's top half."""
+    top = tl.join((order >> 16) + 0x8000, (order2 >> 16) + 0x8000)  # ord16 of the fp32 cut to bf16, 0 for NaN
+    top_t, above = bisected_threshold(top, need, (lowest >> 16) + 0x8000, 0xFFFF)
+    threshold = tl.full((), NO_SCORE32, tl.int32)
+    if top_t != 0:
+        # A low half of 0 is counted as if invalid, as a threshold of 0 needs.
+        low = tl.join(order & 0xFFFF, order2 & 0xFFFF)
+        low_t, low_above = bisected_threshold(tl.where(top == top_t, low, 0), need - above, 0, 0xFFFF)
+        threshold = ((top_t - 0x8000) << 16) | low_t
+        above += low_above
+    return threshold, above
 
 
 @triton.jit
