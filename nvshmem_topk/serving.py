@@ -33,14 +33,14 @@ class DcpTopkIndexer:
     def __init__(self, group: DcpGroup, *, max_rows: int, topk: int, max_local_len: int,
                  local_topk: int | None = None, micro_batches: int = 1, interleave: int = 1,
                  impl: str | None = None, exchange: str = "push", timeout_s: float = 5.0,
-                 pdl: bool | None = None) -> None:
+                 pdl: bool | None = None, score_dtype: torch.dtype | None = None) -> None:
         if not isinstance(micro_batches, int) or micro_batches < 1:
             raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
         self.group = group
         self.workspaces = [
             api.init_dcp_topk_merge(group, max_rows=max_rows, topk=topk, max_local_len=max_local_len,
                                     local_topk=local_topk, interleave=interleave, impl=impl,
-                                    exchange=exchange, timeout_s=timeout_s, pdl=pdl)
+                                    exchange=exchange, timeout_s=timeout_s, pdl=pdl, score_dtype=score_dtype)
             for _ in range(micro_batches)
         ]
         self.topk = topk
@@ -58,9 +58,9 @@ class DcpTopkIndexer:
     def dcp_topk_merge(self, logits: torch.Tensor, row_ends: torch.Tensor, topk_indices: torch.Tensor,
                        local_topk: int | None = None, *, micro_batch: int = 0, sorted: bool = False,
                        row_starts: torch.Tensor | None = None) -> None:
-        """logits [T, S] bf16 or fp16, row_ends (and row_starts) [T] int32 or
-        int64 -> topk_indices [T, K] int32 global ids, -1 padded (collective
-        over the DCP group)."""
+        """logits [T, S] bf16 or fp16 (fp32 with ``score_dtype=torch.float32``),
+        row_ends (and row_starts) [T] int32 or int64 -> topk_indices [T, K]
+        int32 global ids, -1 padded (collective over the DCP group)."""
         api.dcp_topk_merge(logits, row_ends, topk_indices, workspace=self._workspace(micro_batch, local_topk),
                            sorted=sorted, row_starts=row_starts)
 
@@ -84,8 +84,9 @@ class DcpTopkIndexer:
         classes and each output form (``rows``: physical rows or ids,
         ``sorted``; None: both). Nothing else is a compile-time fact: any
         row width up to max_local_len and any batch size up to max_rows
-        then run without compiling, for bf16 logits whose rows lie at a
-        stride of a multiple of 16 elements, int32 row ends and no row
+        then run without compiling, for bf16 logits (fp32 when the indexer
+        ranks the fp32 order) whose rows lie at a stride of a multiple of 16
+        elements, int32 row ends and no row
         starts (as engines pass them at decode; another stride or dtype, or
         row starts, compile at their first merge). On GPUs the
         merges first run compile-only, their variants compiled at once by
@@ -104,9 +105,10 @@ class DcpTopkIndexer:
 
     def _merge_every_variant(self, forms: list[tuple[bool, bool]]) -> None:
         device, num_rows = self.group.device, self.max_rows
+        dtype = torch.float32 if self.workspaces[0].score_bits == 32 else torch.bfloat16  # what engines pass
         for width in backend(self.workspaces[0].impl).compiled_widths(self.max_local_len):
             stride = -(-width // 16) * 16
-            logits = torch.zeros((num_rows, stride), dtype=torch.bfloat16, device=device)[:, :width]
+            logits = torch.zeros((num_rows, stride), dtype=dtype, device=device)[:, :width]
             row_ends = torch.full((num_rows,), width, dtype=torch.int32, device=device)
             ids = torch.empty((num_rows, self.topk), dtype=torch.int32, device=device)
             for (emit_rows, by_key), ws in ((form, ws) for form in forms for ws in self.workspaces):

@@ -151,3 +151,17 @@ def test_score_dtype_is_checked_before_anything_runs(monkeypatch):
         nt.init_dcp_topk_merge(group.ranks[0], max_rows=1, topk=32, max_local_len=65536, impl="triton",
                                score_dtype=FP32)
     group.destroy()
+
+
+def test_the_indexer_hook_ranks_fp32_order():
+    """An engine's indexer built for fp32 order warms up on fp32 logits and
+    merges them in that order."""
+    group = nt.SimulatedGroup(1, torch.device("cpu"))
+    indexer = nt.DcpTopkIndexer(group.ranks[0], max_rows=3, topk=32, max_local_len=500, score_dtype=FP32)
+    indexer.warmup()
+    scores = sub_bf16_scores(3, 500, torch.Generator().manual_seed(6))
+    ids, ends = torch.empty(3, 32, dtype=torch.int32), torch.full((3,), 500, dtype=torch.int32)
+    indexer.dcp_topk_merge(scores, ends, ids, sorted=True)
+    assert_exact(ids[None], oracle_topk(scores[None], ends[None], 32, score_dtype=FP32), ordered=True)
+    indexer.destroy()
+    group.destroy()
