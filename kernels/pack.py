@@ -96,7 +96,7 @@ def _row_top_n16(out_row, x, inside, local, sat_ptr, row, N: tl.constexpr, PLANE
     counts = above_and_ties(score, threshold)
     slot, keep, kept = kept_slots(counts, line_positions(counts), threshold, above, N)
     tl.store(out_row + slot, packed_word(score, local), mask=keep)
-    zero_row_from(out_row, kept, N + PLANES * (N // 32), 1024)
+    zero_row_from(out_row, kept, packed_words(N, PLANES, 16), 1024)
 
 
 @triton.jit

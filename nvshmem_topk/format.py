@@ -225,7 +225,7 @@ def unpack_rows(packed: torch.Tensor, num_candidates: int, planes: int, score_bi
         local |= ((plane[..., slot // WARP] >> (slot % WARP)) & 1) << (LOW_BITS + p)
     order = words >> LOW_BITS
     if score_bits == 32:
-        halves = packed[..., n + planes * (n // WARP):].long() & 0xFFFFFFFF
+        halves = packed[..., packed_row_words(n, planes):].long() & 0xFFFFFFFF  # after the words and planes
         order = (order << 16) | ((halves[..., slot // 2] >> (16 * (slot % 2))) & 0xFFFF)
     return order, local, words != 0
 
