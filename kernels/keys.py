@@ -31,6 +31,12 @@ def packed_words(n, planes, score_bits):
 
 
 @triton.jit
+def low_halves(row_ptr, N: tl.constexpr, PLANES: tl.constexpr):
+    """A 32-bit-score packed row's low halves, as int16 (``low_halves_at``)."""
+    return (row_ptr + low_halves_at(N, PLANES)).to(tl.pointer_type(tl.int16))
+
+
+@triton.jit
 def packed_word(score, local):
     """The candidate word (int32) of a token of ord16 ``score`` and local id
     ``local``: the score over the id's low 16 bits, inverted."""
@@ -85,7 +91,8 @@ def folded32(x):
         bits = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
     else:
         bits = x.to(tl.float32).to(tl.int32, bitcast=True)
-    return tl.where(x != x, NO_SCORE32, bits ^ ((bits >> 31) & 0x7FFFFFFF))
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000  # on the bits: the interpreter's bf16 NaN compares equal to itself
+    return tl.where(nan, NO_SCORE32, bits ^ ((bits >> 31) & 0x7FFFFFFF))
 
 
 @triton.jit
@@ -127,8 +134,8 @@ def decode_keys(row_ptr, slot, owner, present_mask, NUM: tl.constexpr, PLANES: t
     gid = (local // INTERLEAVE) * (WORLD * INTERLEAVE) + owner * INTERLEAVE + local % INTERLEAVE
     score = word >> LOW_BITS
     if SCORE_BITS == 32:
-        halves = (row_ptr + low_halves_at(NUM, PLANES)).to(tl.pointer_type(tl.int16))
-        score = (score << 16) | (tl.load(halves + slot, mask=present_mask, other=0).to(tl.int64) & 0xFFFF)
+        low = tl.load(low_halves(row_ptr, NUM, PLANES) + slot, mask=present_mask, other=0)
+        score = (score << 16) | (low.to(tl.int64) & 0xFFFF)
     key = (score << GID_BITS) | ((1 << GID_BITS) - 1 - gid)
     return tl.where(word != 0, key, 0)
 

@@ -11,8 +11,8 @@ Scores in exact fp32 order (32-bit words) take it too, with sixteen counts
 more, on the boundary level's low halves.
 
 Wider calls take the four kernels of ``spread``, where no program walks a
-row; they rank 16-bit scores only so far. Whatever the kernel, the output
-is ``reference.pack``'s, bit for bit."""
+row (32-bit scores are sampled and filtered by their top halves). Whatever
+the kernel, the output is ``reference.pack``'s, bit for bit."""
 
 from dataclasses import dataclass
 
@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from . import spread
-from .keys import NO_SCORE32, folded32, is_nan_bits, low_halves_at, ord16, packed_word, packed_words, score_bits
+from .keys import NO_SCORE32, folded32, is_nan_bits, low_halves, low_halves_at, ord16, packed_word, packed_words, score_bits
 from .launch import Launch
 from .rows import (above_and_ties, above_and_ties32, any_width, bisected_threshold, bisected_threshold32, kept_slots,
                    line_positions, publish_row, list_floor, load_tokens, row_target, row_window, token_ord16,
@@ -127,7 +127,7 @@ def _row_top_n32(out_row, xs, insides, local, sat_ptr, row, N: tl.constexpr, PLA
     kept = _store_part32(out_row, order2, local + SECOND, counts, first + line_positions(counts), found, above, N,
                          PLANES)
     zero_row_from(out_row, kept, low_halves_at(N, PLANES), 1024)
-    zero_row_from((out_row + low_halves_at(N, PLANES)).to(tl.pointer_type(tl.int16)), kept, N, 1024)
+    zero_row_from(low_halves(out_row, N, PLANES), kept, N, 1024)
 
 
 @triton.jit
@@ -138,8 +138,7 @@ def _store_part32(out_row, order, local, counts, before, found, above, N: tl.con
     kept count."""
     slot, keep, kept = kept_slots(counts, before, found, above, N)
     tl.store(out_row + slot, packed_word((order >> 16) + 0x8000, local), mask=keep)
-    halves = (out_row + low_halves_at(N, PLANES)).to(tl.pointer_type(tl.int16))
-    tl.store(halves + slot, order.to(tl.int16), mask=keep)  # its low 16 bits
+    tl.store(low_halves(out_row, N, PLANES) + slot, order.to(tl.int16), mask=keep)  # its low 16 bits
     return kept
 
 
@@ -176,8 +175,7 @@ def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, s
              publish: Publish | None = None, pdl: bool = False, score_bits: int = 16) -> list[Launch]:
     """The launches of ``select_local``: one (``row_kernel``) for calls at
     most SHORT_ROWS wide, else the four of the spread pipeline, each
-    compiled for the widest call of its class; none for no rows. 32-bit
-    scores: short rows only so far."""
+    compiled for the widest call of its class; none for no rows."""
     rows, width = logits.shape
     if rows == 0:
         return []
@@ -189,14 +187,14 @@ def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, s
                 pub.rank)
     peers_arg = (arrivals, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, pub.max_rows)
     target = dict(N=n, PLANES=_planes(words, n, score_bits), SLOTS=max(pub.list_slots, 1), LIST=listing,
-                  KAPPA_SHIFT=pub.gid_bits if listing else 0, PDL=pdl)
+                  KAPPA_SHIFT=pub.gid_bits if listing else 0, PDL=pdl, SCORE_BITS=score_bits)
     peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers)
     if limit <= SHORT_ROWS:
         row = max(triton.next_power_of_2(min(max_local_len, SHORT_ROWS)), 1024)
         return [Launch(row_kernel, (rows,), (out, rows_arg, limit, peers_arg),
-                       dict(target, ROW=row, **peers, SCORE_BITS=score_bits), ROW_WARPS)]
-    assert score_bits == 16, "32-bit scores: rows of at most SHORT_ROWS tokens"
-    pairs = logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0 and logits.data_ptr() % 4 == 0
+                       dict(target, ROW=row, **peers), ROW_WARPS)]
+    pairs = (score_bits == 16 and logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0
+             and logits.data_ptr() % 4 == 0)
     return spread.launches(out, scratch, rows_arg, peers_arg, limit, n=n, max_local_len=max_local_len, pairs=pairs,
                            target=target, peers=peers)
 
@@ -220,19 +218,19 @@ def select_local(out, logits, row_starts, row_ends, *, n: int, max_local_len: in
         launch()
 
 
-def scratch_words(n: int, max_local_len: int) -> int:
+def scratch_words(n: int, max_local_len: int, score_bits: int = 16) -> int:
     """Scratch words a row of ``select_local``'s calls needs: the spread
     pipeline's, or one (no call reads it) when every call is at most
     SHORT_ROWS wide."""
-    return spread.plan(n, max_local_len).scratch_words if max_local_len > SHORT_ROWS else 1
+    return spread.plan(n, max_local_len, score_bits).scratch_words if max_local_len > SHORT_ROWS else 1
 
 
-def scratch_for(rows: int, n: int, max_local_len: int, device, *, publishing: bool = True
+def scratch_for(rows: int, n: int, max_local_len: int, device, *, publishing: bool = True, score_bits: int = 16
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(scratch, arrivals) for ``select_local`` over ``rows`` rows. Only
     rows published to peers count arrivals: without (``publishing`` False)
     the scratch stands in for them and nothing is zeroed, a kernel less."""
-    scratch = torch.empty((rows, scratch_words(n, max_local_len)), dtype=torch.int32, device=device)
+    scratch = torch.empty((rows, scratch_words(n, max_local_len, score_bits)), dtype=torch.int32, device=device)
     return scratch, torch.zeros(rows, dtype=torch.int32, device=device) if publishing else scratch
 
 
@@ -244,7 +242,7 @@ def pack(out, logits, row_starts, row_ends, *, local_topk: int, max_local_len: i
     row to every peer's gather buffer and raises its flag. ``scratch``:
     (scratch, arrivals) as ``scratch_for`` makes them."""
     scratch, arrivals = scratch or scratch_for(logits.shape[0], local_topk, max_local_len, out.device,
-                                               publishing=push is not None)
+                                               publishing=push is not None, score_bits=score_bits)
     select_local(out, logits, row_starts, row_ends, n=local_topk, max_local_len=max_local_len, scratch=scratch,
                  arrivals=arrivals, publish=push, pdl=pdl, score_bits=score_bits)
 
@@ -271,8 +269,8 @@ def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_starts_ptr, row_ends_p
             order = folded32(tl.load(ptrs, mask=inside, other=float("nan")))
             present = order != NO_SCORE32
             score = (order >> 16) + 0x8000
-            halves = (out_row + low_halves_at(N, PLANES)).to(tl.pointer_type(tl.int16))
-            tl.store(halves + slot, tl.where(present, order, 0).to(tl.int16), mask=in_range)
+            low = tl.where(present, order, 0).to(tl.int16)
+            tl.store(low_halves(out_row, N, PLANES) + slot, low, mask=in_range)
         else:
             bits = score_bits(ptrs, inside)
             present = inside & ~is_nan_bits(bits)

@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from .exchange import call_epoch, peer_flags, push_list, push_row
-from .keys import (LOW_BITS, MAX_PEERS, NO_SCORE32, is_nan_bits, load_sat, ord16, packed_word, power_of_2,
-                   score16_bits)
+from .keys import (LOW_BITS, MAX_PEERS, NO_SCORE32, folded32, is_nan_bits, load_sat, low_halves, ord16, packed_word,
+                   power_of_2, score16_bits)
 
 
 # Kernels that take the call's row width never specialise on it (Triton
@@ -27,6 +27,45 @@ def token_ord16(x):
     for NaN: below every valid score."""
     bits = score16_bits(x)
     return tl.where(is_nan_bits(bits), 0, ord16(bits))
+
+
+@triton.jit
+def token_order(x, SCORE_BITS: tl.constexpr):
+    """The order the kernels rank the scores ``x`` by: ``token_ord16`` (0
+    for NaN), or with 32-bit scores ``keys.folded32`` (NO_SCORE32 for NaN).
+    Either way the invalid value is below every valid one (``no_order``)."""
+    if SCORE_BITS == 32:
+        order = folded32(x)
+    else:
+        order = token_ord16(x)
+    return order
+
+
+@triton.constexpr_function
+def no_order(score_bits):
+    """``token_order`` of NaN: below every score."""
+    return NO_SCORE32 if score_bits == 32 else 0
+
+
+@triton.jit
+def word_score(order, SCORE_BITS: tl.constexpr):
+    """The ord16 a packed word holds of a ``token_order``: the order itself,
+    or the top half of the fp32 order (its ord16 of the fp32 cut to bf16);
+    0 for NaN either way."""
+    if SCORE_BITS == 32:
+        order = (order >> 16) + 0x8000
+    return order
+
+
+@triton.jit
+def row_lows(row_ptr, N: tl.constexpr, PLANES: tl.constexpr, SCORE_BITS: tl.constexpr):
+    """A packed row's low halves (``keys.low_halves``) with 32-bit scores;
+    None (nothing to write) with 16-bit ones."""
+    if SCORE_BITS == 32:
+        lows = low_halves(row_ptr, N, PLANES)
+    else:
+        lows = None
+    return lows
 
 
 @triton.jit
@@ -188,10 +227,17 @@ def kept_slots(counts, before, threshold, above, N: tl.constexpr):
 
 
 @triton.jit
-def store_words(out_row, pos, score, local, keep, N: tl.constexpr, PLANES: tl.constexpr):
+def store_words(out_row, pos, order, local, keep, N: tl.constexpr, PLANES: tl.constexpr, lows=None):
     """The kept tokens' words into slots ``pos`` of a zeroed packed row, and
     their id bits above 16 into the planes (tokens written by different
-    threads, or programs, may share a plane word)."""
+    threads, or programs, may share a plane word). ``order``: ord16, or
+    with ``lows`` (int16, where the low halves go) the fp32 order
+    (``token_order``)."""
+    if lows is None:
+        score = order
+    else:
+        score = (order >> 16) + 0x8000
+        tl.store(lows + pos, order.to(tl.int16), mask=keep)
     tl.store(out_row + pos, packed_word(score, local), mask=keep)
     for p in tl.static_range(PLANES):
         bit = (local >> (16 + p)) & 1
@@ -210,16 +256,23 @@ def zero_row_from(out_row, first, WORDS: tl.constexpr, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def trim_list(out_row, floor, N: tl.constexpr, PLANES: tl.constexpr):
+def trim_list(out_row, floor, N: tl.constexpr, PLANES: tl.constexpr, lows=None):
     """Drops the words of a finished packed row (N candidates, PLANES
     planes) whose ord16 is below ``floor``, the others compacted in order:
     the top-N of the whole row becomes the top-N of its tokens at or above
-    the floor (every one of those is in it when fewer than N are)."""
+    the floor (every one of those is in it when fewer than N are). With
+    ``lows`` (the row's low halves, 32-bit scores) the floor is an ord32
+    (int64) and the low halves move with their words."""
     tl.debug_barrier()  # the whole row is written before any thread reads it
     slot = tl.arange(0, power_of_2(N))
     inside = slot < N
     word = tl.load(out_row + slot, mask=inside, other=0, cache_modifier=".cg")  # from L2: other programs wrote it
-    keep = (word != 0) & (((word >> LOW_BITS) & 0xFFFF) >= floor)
+    score = (word >> LOW_BITS) & 0xFFFF
+    if lows is None:
+        keep = (word != 0) & (score >= floor)
+    else:
+        low = tl.load(lows + slot, mask=inside, other=0, cache_modifier=".cg")
+        keep = (word != 0) & (((score.to(tl.int64) << 16) | (low.to(tl.int64) & 0xFFFF)) >= floor)
     kept = tl.sum(keep.to(tl.int32), axis=0)
     if kept < tl.sum((word != 0).to(tl.int32), axis=0):
         pos = tl.cumsum(keep.to(tl.int32), axis=0) - keep.to(tl.int32)
@@ -230,6 +283,9 @@ def trim_list(out_row, floor, N: tl.constexpr, PLANES: tl.constexpr):
         tl.debug_barrier()  # every thread has read the row
         tl.store(out_row + pos, word, mask=keep)  # kept words land at or before their slot
         tl.store(out_row + slot, tl.zeros_like(word), mask=inside & (slot >= kept))
+        if lows is not None:
+            tl.store(lows + pos, low, mask=keep)
+            tl.store(lows + slot, tl.zeros_like(low), mask=inside & (slot >= kept))
         for p in tl.static_range(PLANES):
             tl.store(out_row + N + p * (N // 32) + slot, tl.zeros_like(word), mask=slot < N // 32)
         tl.debug_barrier()  # the planes are zero before their bits are set again

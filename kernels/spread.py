@@ -39,12 +39,12 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from .keys import (MIN_VALID, flat_positions, is_nan_bits, near_bin, ord16, packed_word, power_of_2, radix_boundary,
-                   score16_bits)
+from .keys import (MIN_VALID, NO_SCORE32, flat_positions, folded32, is_nan_bits, near_bin, ord16, packed_word,
+                   packed_words, power_of_2, radix_boundary, score16_bits)
 from .launch import Launch
-from .rows import (any_width, bisected_threshold, above_and_ties, kept_slots, line_positions, load_tokens,
-                   list_floor, publish_row, row_target, row_window, store_words, token_ord16, trim_list,
-                   zero_row_from)
+from .rows import (any_width, bisected_threshold, bisected_threshold32, above_and_ties, above_and_ties32, kept_slots,
+                   line_positions, load_tokens, list_floor, no_order, publish_row, row_lows, row_target, row_window,
+                   store_words, token_order, trim_list, word_score, zero_row_from)
 from .sync import after_prior_kernel, last_to_arrive
 
 BLOCK = tl.constexpr(4096)  # tokens a filter program reads; a power of two up to 2^16 (words carry 16 id bits)
@@ -52,6 +52,7 @@ FILTER_WARPS = 4
 SPANS = 8  # finish and radix programs per row, about: each covers a span of 1 to MAX_SPAN blocks
 MAX_SPAN = 4
 SPAN_WARPS = 8
+MAX_WARPS = 16  # a program's, at most: more leave a thread too few registers for the finish's room
 ESTIMATE_WARPS = 8
 GROUP = tl.constexpr(4)  # adjacent tokens a sampled group (one 8-byte load of bf16): the fewer tokens a group,
 # the more independent values a smooth row's sample holds
@@ -64,12 +65,15 @@ SAMPLE_BINS = tl.constexpr(64)  # the estimate's histograms (their cost grows wi
 
 
 # Scratch of a row (int32): the estimate's floor and probe, the row's
-# settling and the radix spans' arrivals, then per block its four counts,
-# per span its two histograms and its own top-n's size (radix rows), and
-# per block its region (candidate words; a radix span's top-n in its first).
+# settling and the radix spans' arrivals, then per block its counts, per
+# span its two histograms and its own top-n's size (radix rows), per block
+# its region (candidate words; a radix span's top-n in its first), and with
+# 32-bit scores the regions' low halves (int16, slot for slot).
 FLOOR, PROBE, MODE, RADIX_ARRIVALS, HEADER = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3),
                                               tl.constexpr(4))
-COUNT_FIELDS = tl.constexpr(4)  # valid tokens, candidates, >= probe, > probe
+# valid tokens, candidates, >= probe, > probe; with 32-bit scores, the
+# highest low half at the probe's score and 0xFFFF less the lowest (-1: none)
+COUNT_FIELDS = tl.constexpr(6)
 LISTED, EXACT, RADIX = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # how a row is settled
 
 
@@ -79,12 +83,14 @@ class Plan:
     ``max_local_len`` tokens. ``room``: the most candidates a row is
     selected from (held in registers at once); ``groups``: most groups of
     GROUP tokens the estimate samples; ``blocks_p2``: blocks of the longest
-    row, rounded up to a power of two (spans too)."""
+    row, rounded up to a power of two (spans too); ``score_bits``: 16, or
+    32 (the regions' low halves follow them)."""
 
     n: int
     room: int
     groups: int
     blocks_p2: int
+    score_bits: int = 16
 
     @property
     def span(self) -> int:
@@ -112,8 +118,13 @@ class Plan:
         return self.spans_kept_at + self.blocks_p2
 
     @property
-    def scratch_words(self) -> int:
+    def lows_at(self) -> int:
+        """Where the regions' low halves start (32-bit scores)."""
         return self.regions_at + self.blocks_p2 * self.region
+
+    @property
+    def scratch_words(self) -> int:
+        return self.lows_at + (self.blocks_p2 * self.region // 2 if self.score_bits == 32 else 0)
 
 
 def _margin(rank: float) -> float:
@@ -130,7 +141,7 @@ def expected_candidates(n: int, rank: float) -> float:
     return n * (floor_rank + SIGMAS.value * math.sqrt(floor_rank)) / rank
 
 
-def plan(n: int, max_local_len: int) -> Plan:
+def plan(n: int, max_local_len: int, score_bits: int = 16) -> Plan:
     """Enough groups that about SAMPLE_RANK sampled tokens fall in the
     longest row's top-n (at most MAX_GROUPS), and room for twice its
     candidates with four standard deviations to spare: a row's count of them
@@ -140,7 +151,7 @@ def plan(n: int, max_local_len: int) -> Plan:
     rank = max(1.0, min(SAMPLE_RANK.value, n * GROUP.value * groups / max_local_len))
     room = min(max(512, 2 * triton.next_power_of_2(math.ceil(expected_candidates(n, rank)))), MAX_ROOM)
     blocks_p2 = triton.next_power_of_2(triton.cdiv(max_local_len, BLOCK.value))
-    return Plan(n=n, room=room, groups=groups, blocks_p2=blocks_p2)
+    return Plan(n=n, room=room, groups=groups, blocks_p2=blocks_p2, score_bits=score_bits)
 
 
 # ------------------------------------------------------------------ blocks
@@ -160,13 +171,14 @@ def _block_tokens(logits_ptr, row, logits_stride, block, window):
 
 
 @triton.jit
-def _span_target(sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr):
+def _span_target(sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIST: tl.constexpr,
+                 SCORE_BITS: tl.constexpr):
     """(span, row, spans, active, offset) of a program of a [rows, spans]
     grid (``row_target`` gives the last two): every row's first span is
     dispatched before any row's second, so that the rows settled by their
     first span alone start at once."""
     row = tl.program_id(0).to(tl.int64)
-    active, offset = row_target(row, sat_ptr, rank, WORDS, SLOTS, LIST)
+    active, offset = row_target(row, sat_ptr, rank, WORDS, SLOTS, LIST, SCORE_BITS)
     return tl.program_id(1), row, tl.num_programs(1), active, offset
 
 
@@ -203,8 +215,9 @@ def _sample_boundaries(hist, r, r_lo):
 
 
 @triton.jit
-def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr):
-    """(probe, floor) of a row's valid tokens [start, end), from groups of
+def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr, SCORE_BITS: tl.constexpr):
+    """(probe, floor) of a row's valid tokens [start, end), ranked by their
+    words' scores (``word_score``: 32-bit scores by their top halves), from groups of
     GROUP adjacent tokens spread evenly over them (from ``start`` rounded
     down to GROUP, so that every group is one aligned load; tokens before it
     count nothing), enough that about SAMPLE_RANK sampled tokens are
@@ -235,7 +248,7 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
     step = (length.to(tl.int64) << 16) // groups
     first = base + ((tl.minimum(g, groups - 1).to(tl.int64) * step) >> 16) // GROUP * GROUP
     local = first[:, None] + tl.arange(0, GROUP)[None, :]
-    score = token_ord16(tl.load(in_row + local))
+    score = word_score(token_order(tl.load(in_row + local), SCORE_BITS), SCORE_BITS)
     score = tl.reshape(tl.where((g < groups)[:, None] & (local >= start), score, 0), (GROUPS * GROUP,),
                        can_reorder=True)
     valid = score != 0
@@ -283,7 +296,8 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr)
 
 @any_width
 def estimate_kernel(out_ptr, scratch_ptr, rows, width_limit, N: tl.constexpr, WORDS: tl.constexpr, SLOTS: tl.constexpr,
-                    LIST: tl.constexpr, GROUPS: tl.constexpr, ROOM: tl.constexpr, PDL: tl.constexpr):
+                    LIST: tl.constexpr, GROUPS: tl.constexpr, ROOM: tl.constexpr, PDL: tl.constexpr,
+                    SCORE_BITS: tl.constexpr):
     """The row's floor and probe into its scratch; its output row zeroed.
     ``rows``: (logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr,
     logits_stride, scratch_stride, rank; row_starts_ptr may be None) and
@@ -292,7 +306,7 @@ def estimate_kernel(out_ptr, scratch_ptr, rows, width_limit, N: tl.constexpr, WO
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
-    active, offset = row_target(row, sat_ptr, rank, WORDS, SLOTS, LIST)
+    active, offset = row_target(row, sat_ptr, rank, WORDS, SLOTS, LIST, SCORE_BITS)
     if active:
         zero_row_from(out_ptr + offset, 0, WORDS, 1024)
         scratch = scratch_ptr + row * scratch_stride
@@ -300,7 +314,7 @@ def estimate_kernel(out_ptr, scratch_ptr, rows, width_limit, N: tl.constexpr, WO
         probe = tl.zeros((), dtype=tl.int32)
         floor = tl.zeros((), dtype=tl.int32)
         if end - start > ROOM:  # fewer: every valid token is a candidate
-            probe, floor = _sampled_estimate(logits_ptr + row * logits_stride, start, end, N, GROUPS)
+            probe, floor = _sampled_estimate(logits_ptr + row * logits_stride, start, end, N, GROUPS, SCORE_BITS)
         tl.store(scratch + FLOOR, tl.maximum(floor, MIN_VALID))
         tl.store(scratch + PROBE, probe)
         tl.store(scratch + RADIX_ARRIVALS, 0)
@@ -328,13 +342,22 @@ def _below_candidates(floor):
 
 
 @triton.jit
-def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr):
+def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LOWS_AT: tl.constexpr,
+                  SCORE_BITS: tl.constexpr):
     """The block's counts, and its first REGION candidates' words in order.
     bf16 is compared as a float with the floor (a few instructions a token:
     candidates need only be a threshold set that holds the top-n), the
     probe exactly as ord16 through the sign-folded integer of the bits, and
-    only when there is one."""
-    if x.dtype == tl.bfloat16:
+    only when there is one. 32-bit scores are compared by their words'
+    scores (the fp32 order's top halves); their candidates' low halves go
+    beside the words, and the probe's tokens' low halves are bounded (its
+    ties are exact only when all of them are one fp32 value)."""
+    if SCORE_BITS == 32:
+        order = folded32(x)
+        valid = order != NO_SCORE32
+        folded = order >> 16  # ord16 of the fp32 cut to bf16, less 0x8000
+        candidate = valid & (folded >= tl.load(scratch + FLOOR) - 0x8000)
+    elif x.dtype == tl.bfloat16:
         # Widened on the bits (a bf16 is the high half of its fp32): exact for
         # subnormals too, which the interpreter's bf16 conversion is not.
         half = x.to(tl.int16, bitcast=True).to(tl.int32)
@@ -346,11 +369,14 @@ def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl
         half = tl.where(bits >= 0x8000, bits - 0x10000, bits)  # as int16, sign extended
         valid = ~is_nan_bits(bits)
         candidate = valid & (ord16(bits) >= tl.load(scratch + FLOOR))
-    folded = half ^ ((half >> 15) & 0x7FFF)  # ord16 - 0x8000 for valid scores
+    if SCORE_BITS == 16:
+        folded = half ^ ((half >> 15) & 0x7FFF)  # ord16 - 0x8000 for valid scores
     flag = candidate.to(tl.int32)
     pos = line_positions(flag)
-    tl.store(scratch + REGIONS_AT + block * REGION + pos,
-             packed_word(folded + 0x8000, local), mask=candidate & (pos < REGION))
+    listed = candidate & (pos < REGION)
+    tl.store(scratch + REGIONS_AT + block * REGION + pos, packed_word(folded + 0x8000, local), mask=listed)
+    if SCORE_BITS == 32:
+        tl.store(_region_lows(scratch, LOWS_AT, SCORE_BITS) + block * REGION + pos, order.to(tl.int16), mask=listed)
     first = tl.sum(tl.sum(valid.to(tl.int32) | (flag << 16), axis=1), axis=0)  # two counts a sum (each < 2^16)
     counts = scratch + HEADER + block * COUNT_FIELDS
     tl.store(counts, first & 0xFFFF)
@@ -361,8 +387,18 @@ def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl
         reach = valid & (folded >= probe - 0x8000)
         above = valid & (folded > probe - 0x8000)
         second = tl.sum(tl.sum(reach.to(tl.int32) | (above.to(tl.int32) << 16), axis=1), axis=0)
+        if SCORE_BITS == 32:
+            low = tl.where(reach & ~above, order & 0xFFFF, -1)
+            tl.store(counts + 4, tl.max(tl.max(low, axis=1), axis=0))
+            tl.store(counts + 5, tl.max(tl.max(tl.where(low >= 0, 0xFFFF - low, -1), axis=1), axis=0))
     tl.store(counts + 2, second & 0xFFFF)
     tl.store(counts + 3, second >> 16)
+
+
+@triton.jit
+def _region_lows(scratch, LOWS_AT: tl.constexpr):
+    """The regions' low halves (int16, slot for slot with their words)."""
+    return (scratch + LOWS_AT).to(tl.pointer_type(tl.int16))
 
 
 @triton.jit
@@ -483,12 +519,13 @@ def _probe_counts(fields, probe):
 
 
 @any_width
-def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LIST: tl.constexpr,
-                  PAIRS: tl.constexpr, PDL: tl.constexpr):
+def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_AT: tl.constexpr,
+                  LOWS_AT: tl.constexpr, LIST: tl.constexpr, PAIRS: tl.constexpr, PDL: tl.constexpr,
+                  SCORE_BITS: tl.constexpr):
     """One read of the block: its counts and its candidates' words, in
     order, to its region (the first REGION of them: a block with more has
     more candidates than any row that is settled from them). PAIRS: bf16
-    rows read two tokens a word (``_filter_pairs``)."""
+    rows read two tokens a word (``_filter_pairs``; 16-bit scores)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -496,13 +533,13 @@ def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_
     window = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
     if LIST:  # only the saturated rows, known once the select has run
         after_prior_kernel(PDL)
-        if row_target(row, sat_ptr, rank, 1, 1, LIST)[0]:
+        if row_target(row, sat_ptr, rank, 1, 1, LIST, SCORE_BITS)[0]:
             if PAIRS:
                 _filter_pairs(scratch, _block_pairs(logits_ptr + row * logits_stride, block, window), block, REGION,
                               REGIONS_AT)
             else:
                 x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
-                _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
+                _filter_block(scratch, x, local, block, REGION, REGIONS_AT, LOWS_AT, SCORE_BITS)
     elif PAIRS:
         # The logits and row ends were written before the estimate, which
         # waited for them before this kernel could launch: the block is read
@@ -513,18 +550,20 @@ def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_
     else:
         x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
         after_prior_kernel(PDL)
-        _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
+        _filter_block(scratch, x, local, block, REGION, REGIONS_AT, LOWS_AT, SCORE_BITS)
 
 
 # ------------------------------------------------------------------ settle
 
 
 @triton.jit
-def _settle(scratch, blocks, N: tl.constexpr, ROOM: tl.constexpr, BLOCKS_P2: tl.constexpr):
+def _settle(scratch, blocks, N: tl.constexpr, ROOM: tl.constexpr, BLOCKS_P2: tl.constexpr, SCORE_BITS: tl.constexpr):
     """How the row is settled (LISTED, EXACT, RADIX), from the blocks'
     counts; the candidates of each block; and, for an EXACT row, the
-    threshold, how many of its ties are taken, and each block's tokens above
-    it and tied with it."""
+    threshold (a ``token_order``), how many of its ties are taken, and each
+    block's tokens above it and tied with it. 32-bit scores settle on the
+    probe only when its tokens are all one fp32 value: then their order is
+    exactly the probe's."""
     b = tl.arange(0, BLOCKS_P2)
     inside = b < blocks
     counts = scratch + HEADER + b * COUNT_FIELDS
@@ -537,76 +576,109 @@ def _settle(scratch, blocks, N: tl.constexpr, ROOM: tl.constexpr, BLOCKS_P2: tl.
     all_above = tl.sum(above, axis=0)
     on_list = (all_listed <= ROOM) & ((all_listed >= N) | (all_listed == all_valid))
     tie = (all_above < N) & (tl.sum(reach, axis=0) >= N)
+    probe = tl.load(scratch + PROBE)
+    if SCORE_BITS == 32:
+        highest = tl.max(tl.load(counts + 4, mask=inside, other=-1), axis=0)
+        lowest = 0xFFFF - tl.max(tl.load(counts + 5, mask=inside, other=-1), axis=0)
+        tie = tie & (highest == lowest)
+        threshold = tl.where(tie, ((probe - 0x8000) << 16) | highest, NO_SCORE32)
+    else:
+        threshold = tl.where(tie, probe, 0)  # 0: every valid token is taken
     # The candidates when they hold the top n (no second read of the row),
     # then the threshold known (a tie, or every valid token).
     exact = tie | (all_valid <= N)
     mode = tl.where(on_list, LISTED, tl.where(exact, EXACT, RADIX))
-    threshold = tl.where(tie, tl.load(scratch + PROBE), 0)  # 0: every valid token is taken
     greater = tl.where(tie, above, valid)
     equal = tl.where(tie, reach - above, 0)
     return mode, listed, threshold, tl.where(tie, N - all_above, 0), greater, equal
 
 
 @triton.jit
-def _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold, take, offset,
-                 N: tl.constexpr, PLANES: tl.constexpr):
-    """The block's tokens above the threshold and its first ``take``
-    threshold ties, in order, into the packed row from slot ``offset``.
-    Returns (tokens written, threshold ties seen). ``window``: the row's
-    valid tokens (start, end)."""
+def _write_block(out_row, lows, logits_ptr, row, logits_stride, block, window, threshold, take, offset,
+                 N: tl.constexpr, PLANES: tl.constexpr, SCORE_BITS: tl.constexpr):
+    """The block's tokens above the threshold (a ``token_order``) and its
+    first ``take`` threshold ties, in order, into the packed row from slot
+    ``offset`` (``lows``: where its low halves go, 32-bit scores). Returns
+    (tokens written, threshold ties seen). ``window``: the row's valid
+    tokens (start, end)."""
     x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
-    score = token_ord16(x)
-    valid = score != 0
-    tie = valid & (score == threshold)
+    order = token_order(x, SCORE_BITS)
+    valid = order != no_order(SCORE_BITS)
+    tie = valid & (order == threshold)
     ties = tl.sum(tl.sum(tie.to(tl.int32), axis=1), axis=0)
-    keep = valid & (score > threshold)
+    keep = valid & (order > threshold)
     if take >= ties:
         keep = keep | tie
     elif take > 0:  # the block holds the row's last kept tie
         keep = keep | (tie & (line_positions(tie.to(tl.int32)) < take))
     keep_i = keep.to(tl.int32)
-    store_words(out_row, offset + line_positions(keep_i), score, local, keep, N, PLANES)
+    store_words(out_row, offset + line_positions(keep_i), order, local, keep, N, PLANES, lows)
     return tl.sum(tl.sum(keep_i, axis=1), axis=0), ties
 
 
 @triton.jit
-def _write_span(out_row, logits_ptr, row, logits_stride, span, blocks, window, threshold, quota, offset, ties_before,
-                N: tl.constexpr, PLANES: tl.constexpr, SPAN: tl.constexpr):
+def _write_span(out_row, lows, logits_ptr, row, logits_stride, span, blocks, window, threshold, quota, offset,
+                ties_before, N: tl.constexpr, PLANES: tl.constexpr, SPAN: tl.constexpr, SCORE_BITS: tl.constexpr):
     """The span's blocks' kept tokens, in order, from slot ``offset``; the
     row's first ``quota`` threshold ties are kept, ``ties_before`` of them
-    lie before the span; each block's counts come from its own read."""
+    lie before the span; each block's counts come from its own read.
+    Returns the slot after the last written."""
     for j in range(SPAN):
         block = span * SPAN + j
         if block < blocks:
-            written, ties = _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold,
-                                         tl.maximum(quota - ties_before, 0), offset, N, PLANES)
+            written, ties = _write_block(out_row, lows, logits_ptr, row, logits_stride, block, window, threshold,
+                                         tl.maximum(quota - ties_before, 0), offset, N, PLANES, SCORE_BITS)
             offset += written
             ties_before += ties
+    return offset
 
 
 @triton.jit
-def _region_token(word, block):
-    """(local id, ord16 score) of a candidate word (``keys.packed_word``)
-    from block ``block``'s region: the word holds the id's low 16 bits,
-    inverted; the block gives the others (a block never straddles 2^16)."""
-    return ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF)), (word >> 16) & 0xFFFF
+def _region_lows(scratch, LOWS_AT: tl.constexpr, SCORE_BITS: tl.constexpr):
+    """The regions' low halves (int16, slot for slot with their words) with
+    32-bit scores; None with 16-bit ones."""
+    if SCORE_BITS == 32:
+        lows = (scratch + LOWS_AT).to(tl.pointer_type(tl.int16))
+    else:
+        lows = None
+    return lows
 
 
 @triton.jit
-def _copy_region(out_row, region, block, count, offset, N: tl.constexpr, PLANES: tl.constexpr,
+def _region_token(word, block, region_lows, index, mask):
+    """(local id, order) of candidate words (``keys.packed_word``) of block
+    ``block``'s region: the word holds the id's low 16 bits, inverted; the
+    block gives the others (a block never straddles 2^16). The order is the
+    word's ord16, or with ``region_lows`` (32-bit scores) and the low half
+    at ``index`` the fp32 order (``token_order``; an empty word's,
+    NO_SCORE32, when ``mask`` is off). Low halves are read from L2: the
+    radix lists' are written by other programs of the kernel."""
+    local = ((block * BLOCK) & ~0xFFFF) | (0xFFFF - (word & 0xFFFF))
+    order = (word >> 16) & 0xFFFF
+    if region_lows is not None:
+        low = tl.load(region_lows + index, mask=mask, other=0, cache_modifier=".cg")
+        order = ((order - 0x8000) << 16) | (low.to(tl.int32) & 0xFFFF)
+    return local, order
+
+
+@triton.jit
+def _copy_region(out_row, lows, regions, region_lows, block, count, offset, N: tl.constexpr, PLANES: tl.constexpr,
                  REGION: tl.constexpr):
-    """A block's first ``count`` candidate words, read from its region (in
-    order), into slots ``offset`` on of a packed row."""
+    """A block's first ``count`` candidate words (and low halves), read from
+    its region (in order), into slots ``offset`` on of a packed row."""
+    first = block * REGION
     for start in tl.static_range(0, REGION, 1024):
         i = start + tl.arange(0, 1024)
-        local, score = _region_token(tl.load(region + i, mask=i < count, other=0), block)
-        store_words(out_row, offset + i, score, local, i < count, N, PLANES)
+        copied = i < count
+        local, order = _region_token(tl.load(regions + first + i, mask=copied, other=0), block, region_lows, first + i,
+                                     copied)
+        store_words(out_row, offset + i, order, local, copied, N, PLANES, lows)
 
 
 @triton.jit
-def _write_counted_span(out_row, regions, logits_ptr, row, logits_stride, span, blocks, window, threshold, quota,
-                        counts, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr,
-                        REGION: tl.constexpr, SPAN: tl.constexpr):
+def _write_counted_span(out_row, lows, regions, region_lows, logits_ptr, row, logits_stride, span, blocks, window,
+                        threshold, quota, counts, N: tl.constexpr, PLANES: tl.constexpr, BLOCKS_P2: tl.constexpr,
+                        REGION: tl.constexpr, SPAN: tl.constexpr, SCORE_BITS: tl.constexpr):
     """``_write_span`` where the filter's counts place every block: ``counts``
     = (kept, equal, copied), each block's kept tokens, threshold ties and
     whether its kept tokens are just its candidates, all in its region
@@ -623,21 +695,21 @@ def _write_counted_span(out_row, regions, logits_ptr, row, logits_stride, span, 
             count = tl.sum(tl.where(mine, kept, 0), axis=0)
             if count > 0:
                 if tl.sum(tl.where(mine, copied, 0), axis=0) != 0:
-                    _copy_region(out_row, regions + block * REGION, block, count, offset, N, PLANES, REGION)
+                    _copy_region(out_row, lows, regions, region_lows, block, count, offset, N, PLANES, REGION)
                 else:
-                    _write_block(out_row, logits_ptr, row, logits_stride, block, window, threshold,
-                                 tl.maximum(quota - ties_before, 0), offset, N, PLANES)
+                    _write_block(out_row, lows, logits_ptr, row, logits_stride, block, window, threshold,
+                                 tl.maximum(quota - ties_before, 0), offset, N, PLANES, SCORE_BITS)
             offset += count
             ties_before += tl.sum(tl.where(mine, equal, 0), axis=0)
 
 
 @triton.jit
-def _candidates(regions, slot, total, counts, ends, BLOCKS_P2: tl.constexpr, REGION: tl.constexpr):
-    """(local id, ord16 score, valid) of candidates ``slot`` (in ascending
-    local id) of a row whose blocks wrote their candidates' words to their
-    regions: a binary search over the blocks' inclusive ends (``ends``, held
-    in registers with the ``counts``) finds the block of each slot, the first
-    whose end is past it."""
+def _candidates(regions, region_lows, slot, total, counts, ends, BLOCKS_P2: tl.constexpr, REGION: tl.constexpr):
+    """(local id, order) of candidates ``slot`` (in ascending local id; past
+    ``total``, empty) of a row whose blocks wrote their candidates' words
+    to their regions: a binary search over the blocks' inclusive ends
+    (``ends``, held in registers with the ``counts``) finds the block of
+    each slot, the first whose end is past it."""
     block = tl.zeros(slot.shape, dtype=tl.int32)
     for k in tl.static_range(20):  # halving steps BLOCKS_P2 / 2, ..., 1 (compile-time)
         if (BLOCKS_P2 >> (k + 1)) > 0:
@@ -645,55 +717,75 @@ def _candidates(regions, slot, total, counts, ends, BLOCKS_P2: tl.constexpr, REG
             block = tl.where(tl.gather(ends, probe - 1, 0) <= slot, probe, block)
     start = tl.gather(ends, block, 0) - tl.gather(counts, block, 0)
     valid = slot < total
-    local, score = _region_token(tl.load(regions + block.to(tl.int64) * REGION + slot - start, mask=valid, other=0),
-                                 block)
-    return local, score, valid
+    index = block.to(tl.int64) * REGION + slot - start
+    return _region_token(tl.load(regions + index, mask=valid, other=0), block, region_lows, index, valid)
 
 
 @triton.jit
-def _select_listed(out_row, regions, listed, floor, N: tl.constexpr, PLANES: tl.constexpr,
-                   BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, ROOM: tl.constexpr):
+def _select_listed(out_row, lows, regions, region_lows, listed, floor, N: tl.constexpr, PLANES: tl.constexpr,
+                   BLOCKS_P2: tl.constexpr, REGION: tl.constexpr, ROOM: tl.constexpr, SCORE_BITS: tl.constexpr):
     """The packed top-N of a row's candidates (at most ROOM, in ascending
     local id, filtered at ``floor``), held at once: their threshold by
     ``bisected_threshold`` between the floor's bound and their highest
-    score, the same counts whatever the scores, then one compaction."""
+    score, the same counts whatever the scores, then one compaction.
+    32-bit scores: ``bisected_threshold32``, the candidates held in two
+    halves, each compacted in turn (as the short rows' kernel does)."""
     ends = tl.cumsum(listed, axis=0)
     total = tl.sum(listed, axis=0)
-    local, score, valid = _candidates(regions, tl.arange(0, ROOM), total, listed, ends, BLOCKS_P2, REGION)
-    lowest = tl.where(total >= N, _below_candidates(floor), 0)  # fewer: every one is kept
-    threshold, above = bisected_threshold(score, N, lowest, tl.max(score, axis=0))
-    counts = above_and_ties(score, threshold)
-    slot, keep, _ = kept_slots(counts, tl.cumsum(counts, axis=0) - counts, threshold, above, N)
-    store_words(out_row, slot, score, local, keep, N, PLANES)
+    if SCORE_BITS == 32:
+        slot = tl.arange(0, ROOM // 2)
+        local, order = _candidates(regions, region_lows, slot, total, listed, ends, BLOCKS_P2, REGION)
+        local_2, order_2 = _candidates(regions, region_lows, ROOM // 2 + slot, total, listed, ends, BLOCKS_P2,
+                                       REGION)
+        lowest = tl.where(total >= N, (_below_candidates(floor) - 0x8000) << 16, NO_SCORE32)
+        threshold, above = bisected_threshold32(order, order_2, N, lowest)
+        found = (threshold != NO_SCORE32).to(tl.int32)
+        counts = above_and_ties32(order, threshold)
+        first = tl.sum(counts, axis=0)  # both fields: where the second half's start
+        slot, keep, _ = kept_slots(counts, tl.cumsum(counts, axis=0) - counts, found, above, N)
+        store_words(out_row, slot, order, local, keep, N, PLANES, lows)
+        counts = above_and_ties32(order_2, threshold)
+        slot, keep, _ = kept_slots(counts, first + tl.cumsum(counts, axis=0) - counts, found, above, N)
+        store_words(out_row, slot, order_2, local_2, keep, N, PLANES, lows)
+    else:
+        local, score = _candidates(regions, None, tl.arange(0, ROOM), total, listed, ends, BLOCKS_P2, REGION)
+        lowest = tl.where(total >= N, _below_candidates(floor), 0)  # fewer: every one is kept
+        threshold, above = bisected_threshold(score, N, lowest, tl.max(score, axis=0))
+        counts = above_and_ties(score, threshold)
+        slot, keep, _ = kept_slots(counts, tl.cumsum(counts, axis=0) - counts, threshold, above, N)
+        store_words(out_row, slot, score, local, keep, N, PLANES)
 
 
 @triton.jit
 def _publish(out_ptr, offset, row, peers, sat_ptr, rank, N: tl.constexpr, PLANES: tl.constexpr,
-             WORLD: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, LIBRARY_PEERS: tl.constexpr):
+             WORLD: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, LIBRARY_PEERS: tl.constexpr,
+             SCORE_BITS: tl.constexpr):
     """``publish_row`` of a finished row; a pushed list first loses its
     tokens below kappa's score (``trim_list``: the pipeline selects from
     the whole row, the row kernel from the tokens at or above it)."""
     if LIST:
-        trim_list(out_ptr + offset, list_floor(sat_ptr, row, KAPPA_SHIFT), N, PLANES)
-    publish_row(out_ptr, offset, row, peers, rank, N + PLANES * (N // 32), WORLD, LIST, LIBRARY_PEERS)
+        trim_list(out_ptr + offset, list_floor(sat_ptr, row, KAPPA_SHIFT, SCORE_BITS), N, PLANES,
+                  row_lows(out_ptr + offset, N, PLANES, SCORE_BITS))
+    publish_row(out_ptr, offset, row, peers, rank, packed_words(N, PLANES, SCORE_BITS), WORLD, LIST, LIBRARY_PEERS)
 
 
 @triton.jit
 def _publish_when_last(out_ptr, offset, row, spans, peers, sat_ptr, rank, N: tl.constexpr, PLANES: tl.constexpr,
                        WORLD: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr,
-                       LIBRARY_PEERS: tl.constexpr):
+                       LIBRARY_PEERS: tl.constexpr, SCORE_BITS: tl.constexpr):
     """``_publish`` by the last of the row's ``spans`` programs to finish it."""
     if WORLD > 0:
         if last_to_arrive(peers[0] + row, spans):
-            _publish(out_ptr, offset, row, peers, sat_ptr, rank, N, PLANES, WORLD, LIST, KAPPA_SHIFT, LIBRARY_PEERS)
+            _publish(out_ptr, offset, row, peers, sat_ptr, rank, N, PLANES, WORLD, LIST, KAPPA_SHIFT, LIBRARY_PEERS,
+                     SCORE_BITS)
 
 
 @any_width
 def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
                   SLOTS: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, REGION: tl.constexpr,
-                  BLOCKS_P2: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, REGIONS_AT: tl.constexpr, ROOM: tl.constexpr,
-                  SPAN: tl.constexpr,
-                  WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
+                  BLOCKS_P2: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, REGIONS_AT: tl.constexpr,
+                  LOWS_AT: tl.constexpr, ROOM: tl.constexpr, SPAN: tl.constexpr,
+                  WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
     """Settles the row from the filter's counts: the first span selects from
     the candidates, every block with tokens to keep writes them, or every
     span histograms its high bytes for the radix steps. ``peers``:
@@ -701,38 +793,41 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
     where finished rows go (``Publish``)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
-    words: tl.constexpr = N + PLANES * (N // 32)
-    span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
+    words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
+    span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST, SCORE_BITS)
     if active:
         scratch = scratch_ptr + row * scratch_stride
+        lows = row_lows(out_ptr + offset, N, PLANES, SCORE_BITS)
+        region_lows = _region_lows(scratch, LOWS_AT, SCORE_BITS)
         window = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
         blocks = tl.cdiv(tl.maximum(width_limit, 1), BLOCK)
-        mode, listed, threshold, quota, greater, equal = _settle(scratch, blocks, N, ROOM, BLOCKS_P2)
+        mode, listed, threshold, quota, greater, equal = _settle(scratch, blocks, N, ROOM, BLOCKS_P2, SCORE_BITS)
         if span == 0:
             tl.store(scratch + MODE, mode)
         if mode == LISTED:
             if span == 0:
-                _select_listed(out_ptr + offset, scratch + REGIONS_AT, listed, tl.load(scratch + FLOOR), N, PLANES,
-                               BLOCKS_P2, REGION, ROOM)
+                _select_listed(out_ptr + offset, lows, scratch + REGIONS_AT, region_lows, listed,
+                               tl.load(scratch + FLOOR), N, PLANES, BLOCKS_P2, REGION, ROOM, SCORE_BITS)
                 _publish(out_ptr, offset, row, peers, sat_ptr, rank, N, PLANES, WORLD, LIST, KAPPA_SHIFT,
-                         LIBRARY_PEERS)
+                         LIBRARY_PEERS, SCORE_BITS)
         elif mode == EXACT:
             b = tl.arange(0, BLOCKS_P2)
             take = tl.minimum(tl.maximum(quota - (tl.cumsum(equal, axis=0) - equal), 0), equal)
             kept = greater + take
             # Candidates and the tokens above the threshold are both threshold
-            # sets of ord16: as many of each, they are the same tokens.
+            # sets of the words' scores: as many of each, they are the same
+            # tokens (32-bit scores tie only as one fp32 value).
             copied = ((take == 0) & (listed == greater) & (listed <= REGION)).to(tl.int32)
             mine = (b >= span * SPAN) & (b < span * SPAN + SPAN)
             if tl.sum(tl.where(mine, kept, 0), axis=0) > 0:  # spans with nothing to keep read nothing
-                _write_counted_span(out_ptr + offset, scratch + REGIONS_AT, logits_ptr, row, logits_stride, span,
-                                    blocks, window, threshold, quota, (kept, equal, copied), N, PLANES, BLOCKS_P2,
-                                    REGION, SPAN)
+                _write_counted_span(out_ptr + offset, lows, scratch + REGIONS_AT, region_lows, logits_ptr, row,
+                                    logits_stride, span, blocks, window, threshold, quota, (kept, equal, copied), N,
+                                    PLANES, BLOCKS_P2, REGION, SPAN, SCORE_BITS)
             _publish_when_last(out_ptr, offset, row, spans, peers, sat_ptr, rank, N, PLANES, WORLD, LIST,
-                               KAPPA_SHIFT, LIBRARY_PEERS)
+                               KAPPA_SHIFT, LIBRARY_PEERS, SCORE_BITS)
         else:
             _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, window, 0, 0,
-                            False, SPAN)
+                            False, SPAN, SCORE_BITS)
 
 
 # ------------------------------------------------------------------- radix
@@ -740,8 +835,8 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
 
 @triton.jit
 def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, window, high, AT: tl.constexpr,
-                    SELECT_LOW: tl.constexpr, SPAN: tl.constexpr):
-    """The span's histogram of the high byte of its scores (or, with
+                    SELECT_LOW: tl.constexpr, SPAN: tl.constexpr, SCORE_BITS: tl.constexpr):
+    """The span's histogram of the high byte of its words' scores (or, with
     SELECT_LOW, of the low byte of those whose high byte is ``high``), to
     word AT of the span's pair of histograms; returned too."""
     hist = tl.zeros((256,), dtype=tl.int32)
@@ -749,7 +844,7 @@ def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, wi
         block = span * SPAN + j
         if block < blocks:
             x, _ = _block_tokens(logits_ptr, row, logits_stride, block, window)
-            score = tl.reshape(token_ord16(x), (BLOCK,))
+            score = tl.reshape(word_score(token_order(x, SCORE_BITS), SCORE_BITS), (BLOCK,))
             hist += _histogram(score, score != 0, high, SELECT_LOW)
     tl.store(histograms + span * 512 + AT + tl.arange(0, 256), hist)
     return hist
@@ -766,74 +861,187 @@ def _summed(histograms, spans, AT: tl.constexpr):
     return total
 
 
+@triton.constexpr_function
+def _lists_a_tile(n):
+    """Spans' own top-n lists a tile of about 2048 words holds."""
+    return max(1, 2048 // triton.next_power_of_2(n))
+
+
 @triton.jit
-def _compact_spans(out_row, regions, kept_ptr, spans, threshold, quota, N: tl.constexpr, PLANES: tl.constexpr,
-                   REGION: tl.constexpr, SPAN: tl.constexpr):
-    """The row's top-N from its spans' own top-N words (each span's in its
-    first block's region, in order; ``kept_ptr``: how many a span wrote):
-    the words above ``threshold`` and its first ``quota`` ties, in span
-    order, into the packed row; as many spans at once as fill a tile."""
-    width: tl.constexpr = power_of_2(N)
-    group: tl.constexpr = max(1, 2048 // width)  # spans a step
-    i = tl.arange(0, width)[None, :]
+def _span_lists(regions, region_lows, kept_ptr, first, spans, N: tl.constexpr, REGION: tl.constexpr,
+                SPAN: tl.constexpr):
+    """(local ids, orders, inside) of the own top-N lists of spans
+    ``first`` on, ``_lists_a_tile(N)`` of them as [spans, N rounded up to a
+    power of 2], each in its first block's region (``kept_ptr``: their
+    sizes); orders outside the lists are ``no_order``'s. Read from L2: other
+    programs wrote them."""
+    i = tl.arange(0, power_of_2(N))[None, :]
+    s = first + tl.arange(0, _lists_a_tile(N))[:, None]
+    count = tl.load(kept_ptr + s, mask=s < spans, other=0, cache_modifier=".cg")
+    inside = i < count
+    index = (s * SPAN).to(tl.int64) * REGION + i
+    word = tl.load(regions + index, mask=inside, other=0, cache_modifier=".cg")
+    local, order = _region_token(word, s * SPAN, region_lows, index, inside)
+    return local, order, inside
+
+
+@triton.jit
+def _compact_spans(out_row, lows, regions, region_lows, kept_ptr, spans, threshold, quota, N: tl.constexpr,
+                   PLANES: tl.constexpr, REGION: tl.constexpr, SPAN: tl.constexpr, SCORE_BITS: tl.constexpr):
+    """The row's top-N from its spans' own top-N lists (``_span_lists``):
+    the words above ``threshold`` (a ``token_order``) and its first
+    ``quota`` ties, in span order, into the packed row; as many spans at
+    once as fill a tile."""
     offset = tl.zeros((), dtype=tl.int32)
     ties_before = tl.zeros((), dtype=tl.int32)
     first = 0
     while first < spans:  # a while loop: the bound is a run-time scalar
-        s = first + tl.arange(0, group)[:, None]
-        count = tl.load(kept_ptr + s, mask=s < spans, other=0, cache_modifier=".cg")
-        inside = i < count
-        word = tl.load(regions + (s * SPAN).to(tl.int64) * REGION + i, mask=inside, other=0, cache_modifier=".cg")
-        local, score = _region_token(word, s * SPAN)
-        counts = above_and_ties(tl.where(inside, score, 0), threshold)
+        local, order, _ = _span_lists(regions, region_lows, kept_ptr, first, spans, N, REGION, SPAN)
+        if SCORE_BITS == 32:
+            counts = above_and_ties32(order, threshold)
+        else:
+            counts = above_and_ties(order, threshold)
         before = flat_positions(counts)
         keep = ((counts & 0xFFFF) != 0) | ((counts > 0xFFFF) & (ties_before + (before >> 16) < quota))
         keep_i = keep.to(tl.int32)
-        store_words(out_row, offset + flat_positions(keep_i), score, local, keep, N, PLANES)
+        store_words(out_row, offset + flat_positions(keep_i), order, local, keep, N, PLANES, lows)
         offset += tl.sum(tl.sum(keep_i, axis=1), axis=0)
         ties_before += tl.sum(tl.sum(counts >> 16, axis=1), axis=0)
-        first += group
+        first += _lists_a_tile(N)
+
+
+@triton.jit
+def _span_threshold32(hist, logits_ptr, row, logits_stride, span, blocks, window, N: tl.constexpr,
+                      SPAN: tl.constexpr):
+    """(threshold, quota) of the span's own top-N by fp32 order: the byte
+    that ``hist`` (its histogram of its orders' top bytes) gives, then
+    three more of a byte each, each from a read of its blocks (the
+    ``token_order`` and how many of its ties its top-N keeps, lowest id
+    first); NO_SCORE32 when it holds at most N valid tokens (all are its
+    list). The bytes are those of ord32 (the order with its sign bit
+    flipped), which orders as unsigned."""
+    threshold = tl.full((), NO_SCORE32, tl.int32)
+    need = tl.full((), N, tl.int32)
+    bucket, above, _ = radix_boundary(hist, need)
+    if bucket >= 0:
+        prefix = bucket << 24
+        need -= above
+        for k in tl.static_range(1, 4):
+            shift = 24 - 8 * k  # compile-time
+            digits = tl.zeros((256,), dtype=tl.int32)
+            for j in range(SPAN):
+                block = span * SPAN + j
+                if block < blocks:
+                    x = _block_tokens(logits_ptr, row, logits_stride, block, window)[0]
+                    bits = tl.reshape(folded32(x) ^ NO_SCORE32, (BLOCK,))  # ord32; 0 for NaN
+                    match = (bits != 0) & ((bits >> (shift + 8)) == (prefix >> (shift + 8)))
+                    digits += tl.histogram((bits >> shift) & 0xFF, 256, mask=match)
+            bucket, above, _ = radix_boundary(digits, need)
+            prefix = prefix | (bucket << shift)
+            need -= above
+        threshold = prefix ^ NO_SCORE32
+    return threshold, need
+
+
+@triton.jit
+def _lists_threshold32(regions, region_lows, kept_ptr, spans, N: tl.constexpr, REGION: tl.constexpr,
+                       SPAN: tl.constexpr):
+    """(threshold, quota) of the spans' own top-N lists together, by four
+    histograms of a byte of their ord32 each, from the top: their N-th
+    largest order, and how many of its ties the row keeps (NO_SCORE32 when
+    they hold at most N: every one is kept). The lists hold the row's
+    top-N (each span's share of it is its own top tokens), and all else in
+    them lies below it: this is the row's threshold, and its ties in the
+    lists are the row's first ones."""
+    threshold = tl.full((), NO_SCORE32, tl.int32)
+    need = tl.full((), N, tl.int32)
+    total = tl.zeros((), dtype=tl.int32)
+    s = 0
+    while s < spans:  # a while loop: the bound is a run-time scalar
+        total += tl.load(kept_ptr + s, cache_modifier=".cg")
+        s += 1
+    if total > N:
+        prefix = tl.zeros((), dtype=tl.int32)
+        for k in tl.static_range(4):
+            shift = 24 - 8 * k  # compile-time
+            digits = tl.zeros((256,), dtype=tl.int32)
+            first = 0
+            while first < spans:
+                lists = _span_lists(regions, region_lows, kept_ptr, first, spans, N, REGION, SPAN)
+                order, inside = lists[1], lists[2]
+                bits = tl.reshape(order ^ NO_SCORE32, (order.numel,))
+                match = tl.reshape(inside, (order.numel,))
+                if shift < 24:
+                    match = match & ((bits >> (shift + 8)) == (prefix >> (shift + 8)))
+                digits += tl.histogram((bits >> shift) & 0xFF, 256, mask=match)
+                first += _lists_a_tile(N)
+            bucket, above, _ = radix_boundary(digits, need)
+            prefix = prefix | (bucket << shift)
+            need -= above
+        threshold = prefix ^ NO_SCORE32
+    return threshold, need
 
 
 @any_width
 def radix_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
                  SLOTS: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
-                 SPANS_KEPT_AT: tl.constexpr, REGIONS_AT: tl.constexpr, REGION: tl.constexpr, SPAN: tl.constexpr,
-                 WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr):
-    """Radix rows: the row's boundary bucket of the high byte; each span's
-    histogram of the low byte inside it, then the span's own top-N (its
-    tokens above the bucket and the best of those in it, from its own two
-    histograms) to its region: a superset of its share of the row's top-N,
-    whatever the other spans hold. The last span to arrive takes the exact
-    threshold from every span's histograms and compacts those words into
-    the packed row (no second kernel waits for the histograms)."""
+                 SPANS_KEPT_AT: tl.constexpr, REGIONS_AT: tl.constexpr, LOWS_AT: tl.constexpr, REGION: tl.constexpr,
+                 SPAN: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr,
+                 SCORE_BITS: tl.constexpr):
+    """Radix rows: each span writes its own top-N to its region (a superset
+    of its share of the row's top-N, whatever the other spans hold), then
+    the last span to arrive takes the row's threshold and compacts those
+    words into the packed row (no second kernel waits for the spans).
+    16-bit scores: the row's boundary bucket of the high byte, from every
+    span's histogram; each span's histogram of the low byte inside it
+    gives its own top-N, and the last span the threshold from every
+    span's. 32-bit scores: each span's own four histograms
+    (``_span_threshold32``), then the last span's of the lists
+    (``_lists_threshold32``)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     after_prior_kernel(PDL)
-    words: tl.constexpr = N + PLANES * (N // 32)
-    span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST)
+    words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
+    span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST, SCORE_BITS)
     if active:
         scratch = scratch_ptr + row * scratch_stride
         if tl.load(scratch + MODE) == RADIX:
             histograms = scratch + HISTOGRAMS_AT
-            high, above_high, _ = radix_boundary(_summed(histograms, spans, 0), N)
             blocks = tl.cdiv(tl.maximum(width_limit, 1), BLOCK)
             window = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
-            low_hist = _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, window, high, 256,
-                                       True, SPAN)
-            digit = tl.arange(0, 256)
-            own_above = tl.sum(tl.where(digit > high, tl.load(histograms + span * 512 + digit), 0), axis=0)
-            low, above_low, _ = radix_boundary(low_hist, N - own_above)
-            # fewer than its share in the bucket (low < 0): the span keeps all of it
-            start = tl.zeros((), dtype=tl.int32)
-            _write_span(scratch + REGIONS_AT + span * SPAN * REGION, logits_ptr, row, logits_stride, span, blocks,
-                        window, high * 256 + low, tl.where(low < 0, 0, N - own_above - above_low), start, start, N,
-                        0, SPAN)
-            tl.store(scratch + SPANS_KEPT_AT + span, own_above + tl.where(low < 0, above_low, N - own_above))
+            region_lows = _region_lows(scratch, LOWS_AT, SCORE_BITS)
+            own = scratch + REGIONS_AT + span * SPAN * REGION  # the span's own top-N, in its first block's region
+            if SCORE_BITS == 32:
+                threshold, quota = _span_threshold32(tl.load(histograms + span * 512 + tl.arange(0, 256)),
+                                                     logits_ptr, row, logits_stride, span, blocks, window, N, SPAN)
+                start = tl.zeros((), dtype=tl.int32)
+                kept = _write_span(own, region_lows + span * SPAN * REGION, logits_ptr, row, logits_stride, span,
+                                   blocks, window, threshold, quota, start, start, N, 0, SPAN, SCORE_BITS)
+                tl.store(scratch + SPANS_KEPT_AT + span, kept)
+            else:
+                high, above_high, _ = radix_boundary(_summed(histograms, spans, 0), N)
+                low_hist = _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, window, high,
+                                           256, True, SPAN, SCORE_BITS)
+                digit = tl.arange(0, 256)
+                own_above = tl.sum(tl.where(digit > high, tl.load(histograms + span * 512 + digit), 0), axis=0)
+                low, above_low, _ = radix_boundary(low_hist, N - own_above)
+                # fewer than its share in the bucket (low < 0): the span keeps all of it
+                start = tl.zeros((), dtype=tl.int32)
+                _write_span(own, None, logits_ptr, row, logits_stride, span, blocks, window, high * 256 + low,
+                            tl.where(low < 0, 0, N - own_above - above_low), start, start, N, 0, SPAN, SCORE_BITS)
+                tl.store(scratch + SPANS_KEPT_AT + span, own_above + tl.where(low < 0, above_low, N - own_above))
             if last_to_arrive(scratch + RADIX_ARRIVALS, spans):
-                low, above_low, _ = radix_boundary(_summed(histograms, spans, 256), N - above_high)
-                _compact_spans(out_ptr + offset, scratch + REGIONS_AT, scratch + SPANS_KEPT_AT, spans,
-                               high * 256 + low, N - above_high - above_low, N, PLANES, REGION, SPAN)
-                _publish(out_ptr, offset, row, peers, sat_ptr, rank, N, PLANES, WORLD, LIST, KAPPA_SHIFT, LIBRARY_PEERS)
+                if SCORE_BITS == 32:
+                    threshold, quota = _lists_threshold32(scratch + REGIONS_AT, region_lows,
+                                                          scratch + SPANS_KEPT_AT, spans, N, REGION, SPAN)
+                else:
+                    low, above_low, _ = radix_boundary(_summed(histograms, spans, 256), N - above_high)
+                    threshold = high * 256 + low
+                    quota = N - above_high - above_low
+                _compact_spans(out_ptr + offset, row_lows(out_ptr + offset, N, PLANES, SCORE_BITS),
+                               scratch + REGIONS_AT, region_lows, scratch + SPANS_KEPT_AT, spans, threshold, quota,
+                               N, PLANES, REGION, SPAN, SCORE_BITS)
+                _publish(out_ptr, offset, row, peers, sat_ptr, rank, N, PLANES, WORLD, LIST, KAPPA_SHIFT, LIBRARY_PEERS,
+                         SCORE_BITS)
 
 
 # ---------------------------------------------------------------- launcher
@@ -842,24 +1050,28 @@ def radix_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr
 def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local_len: int, pairs: bool,
              target: dict, peers: dict) -> list[Launch]:
     """The four launches over ``rows_arg``'s rows (``pack.pipeline`` builds
-    the arguments), each compiled for rows of up to ``max_local_len``
-    tokens; ``pairs``: bf16 rows read two tokens a word."""
+    the arguments; ``target`` holds SCORE_BITS), each compiled for rows of
+    up to ``max_local_len`` tokens; ``pairs``: bf16 rows read two tokens a
+    word (16-bit scores)."""
     rows = rows_arg[0].shape[0]
     words = out.shape[-1]
-    listing, pdl = target["LIST"], target["PDL"]
-    p = plan(n, max_local_len)
+    listing, pdl, score_bits = target["LIST"], target["PDL"], target["SCORE_BITS"]
+    p = plan(n, max_local_len, score_bits)
+    wider = score_bits // 16  # 32-bit scores: twice the warps, so that a thread holds as many registers of them
     blocks = triton.cdiv(max(limit, 1), BLOCK.value)
     spans = triton.cdiv(blocks, p.span)
     return [
         Launch(estimate_kernel, (rows,), (out, scratch, rows_arg, limit),
-               dict(N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing, GROUPS=p.groups, ROOM=p.room, PDL=pdl),
-               ESTIMATE_WARPS),
+               dict(N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing, GROUPS=p.groups, ROOM=p.room, PDL=pdl,
+                    SCORE_BITS=score_bits), ESTIMATE_WARPS),
         Launch(filter_kernel, (blocks, rows), (scratch, rows_arg, limit),
-               dict(REGION=p.region, REGIONS_AT=p.regions_at, LIST=listing, PAIRS=pairs, PDL=pdl), FILTER_WARPS),
+               dict(REGION=p.region, REGIONS_AT=p.regions_at, LOWS_AT=p.lows_at, LIST=listing,
+                    PAIRS=pairs, PDL=pdl, SCORE_BITS=score_bits), FILTER_WARPS * wider),
         Launch(finish_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, HISTOGRAMS_AT=p.histograms_at,
-                    REGIONS_AT=p.regions_at, ROOM=p.room, SPAN=p.span, **peers), max(SPAN_WARPS, p.room // 512)),
+                    REGIONS_AT=p.regions_at, LOWS_AT=p.lows_at, ROOM=p.room, SPAN=p.span, **peers),
+               min(max(SPAN_WARPS, p.room // 512 * wider), MAX_WARPS)),
         Launch(radix_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, HISTOGRAMS_AT=p.histograms_at, SPANS_KEPT_AT=p.spans_kept_at, REGIONS_AT=p.regions_at,
-                    REGION=p.region, SPAN=p.span, **peers), SPAN_WARPS),
+                    LOWS_AT=p.lows_at, REGION=p.region, SPAN=p.span, **peers), SPAN_WARPS),
     ]

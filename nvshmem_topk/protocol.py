@@ -96,18 +96,6 @@ def backend(impl: str):
     return ReferenceBackend() if impl == "reference" else TritonBackend()
 
 
-def check_impl_scores(impl: str, score_bits: int, max_local_len: int) -> None:
-    """Exact fp32 order (32-bit scores) on the Triton kernels takes rows of
-    at most ``kernels.pack.SHORT_ROWS`` local tokens so far (the wide rows'
-    pipeline ranks 16-bit scores); the reference takes any."""
-    if impl == "triton" and score_bits == 32:
-        from .kernels.pack import SHORT_ROWS
-
-        if max_local_len > SHORT_ROWS:
-            raise ValueError(f"score_dtype=torch.float32 (exact fp32 order) with impl='triton' needs max_local_len "
-                             f"<= {SHORT_ROWS} so far, got {max_local_len}; impl='reference' takes any")
-
-
 class ReferenceBackend:
     """The protocol in eager torch (host-side bounded waits; syncs freely)."""
 

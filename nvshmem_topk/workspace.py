@@ -113,7 +113,7 @@ class DcpTopkWorkspace:
         if impl == "triton":  # the kernels' scratch, so that no merge allocates
             from .kernels import keys, pack, select
 
-            words = max(pack.scratch_words(n, max_local_len) for n in (local_topk, self.list_len))
+            words = max(pack.scratch_words(n, max_local_len, score_bits) for n in (local_topk, self.list_len))
             self.scratch = torch.empty((max_rows, words), dtype=torch.int32, device=self.device)
             self.arrivals = torch.zeros(max_rows, dtype=torch.int32, device=self.device)  # left as found
             self.ties = torch.empty((max_rows, keys.TIE_TILE), dtype=torch.int64, device=self.device)

@@ -9,9 +9,10 @@ normal and the baseline; writes JSON.
 
     python scripts/bench_kernels.py --out results.json [--families normal smooth] [--skip-merge] [--fp32]
 
-``--fp32`` adds exact fp32 order (score_dtype=torch.float32) beside bf16
-order of the same scores rounded: the pack at [64, 16384] and the merge
-W = 8, T = 64, S = 16384, with the generic merge on the fp32 scores.
+``--fp32`` measures exact fp32 order (score_dtype=torch.float32) instead,
+beside bf16 order of the same scores rounded: the pack at the same shapes
+and the merge W = 8, T = 64, S = 16384, with the generic merge on the fp32
+scores.
 
 Bytes: one pass over bf16 logits reads 2*T*S bytes; the pack reads them once
 (the filter) and, for rows settled exactly (ties), once more from L2.
@@ -120,16 +121,17 @@ def main() -> None:
     parser.add_argument("--interleaves", nargs="+", type=int, default=[1, 64], help="the merge's interleaves")
     parser.add_argument("--skip-rank0-best", action="store_true",
                         help="leave out the merges whose best scores all sit on rank 0")
-    parser.add_argument("--fp32", action="store_true", help="exact fp32 order beside bf16 order, then stop")
+    parser.add_argument("--fp32", action="store_true", help="exact fp32 order beside bf16 order, instead")
     args = parser.parse_args()
     results = {"gpu": torch.cuda.get_device_name(), "pack": [], "merge": []}
     save = lambda: json.dump(results, open(args.out, "w"), indent=1)
     gen = torch.Generator(device="cuda").manual_seed(0)
     families = ["normal"] + [f for f in args.families if f != "normal"]
     print(f"# {results['gpu']}: microseconds per call (graphs of {CALLS} calls over distinct inputs, medians)")
-    if args.fp32:
-        return bench_fp32(families, args.interleaves, gen, results, save)
     shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes]
+    if args.fp32:
+        return bench_fp32(families, () if args.skip_pack else shapes, () if args.skip_merge else args.interleaves,
+                          gen, results, save)
     for rows, width in () if args.skip_pack else shapes:
         print(f"pack [{rows}, {width}] N=384   family  pack  vs-normal  torch.topk  exact  kernels (own, no PDL)")
         normal = None
@@ -169,27 +171,29 @@ def main() -> None:
               + " ".join(f"{k} {v:.1f}" for k, v in best["kernels_per_rank_us"].items()), flush=True)
 
 
-def bench_fp32(families, interleaves, gen, results, save) -> None:
+def bench_fp32(families, shapes, interleaves, gen, results, save) -> None:
     """Exact fp32 order beside bf16 order of the same scores rounded: the
-    pack [64, 16384] (the widest rows fp32 order takes on the kernels so
-    far), and the merge W = 8, T = 64, S = 16384 beside the generic merge on
-    the fp32 scores."""
+    pack at ``shapes`` (each compiled for rows of 131072 tokens, as the bf16
+    packs are), and the merge W = 8, T = 64, S = 16384 at ``interleaves``
+    beside the generic merge on the fp32 scores."""
     dev, fp32 = torch.device("cuda"), torch.float32
-    rows, width, world, k = 64, 16384, 8, 2048
-    print(f"fp32 pack [{rows}, {width}] N=384   family  fp32  bf16  ratio  torch.topk(fp32)  exact")
-    for family in families:
-        copies = [family_scores(family, rows, width, gen, dev, fp32) for _ in range(CALLS)]
-        exact32 = bench_pack(rows, width, family, gen, copies=copies, max_local_len=width, score_dtype=fp32,
-                             per_kernel=family == "normal")
-        rounded = bench_pack(rows, width, family, gen, copies=[c.bfloat16() for c in copies], max_local_len=width,
-                             per_kernel=family == "normal")
-        results["pack"] += [dict(exact32, score_dtype="float32"), rounded]
-        save()
-        print(f"  {family:<18}{exact32['pack_us']:8.1f}{rounded['pack_us']:8.1f}"
-              f"{exact32['pack_us'] / rounded['pack_us']:8.2f}x{exact32['torch_topk_us']:10.1f}"
-              f"  {exact32['exact']} {rounded['exact']}  "
-              + " ".join(f"{k} {v:.1f} / {rounded['kernels_us'][k]:.1f}" for k, v in exact32["kernels_us"].items()),
-              flush=True)
+    for rows, width in shapes:
+        print(f"fp32 pack [{rows}, {width}] N=384   family  fp32  bf16  ratio  torch.topk(fp32)  exact  kernels "
+              "(fp32 / bf16)")
+        for family in families:
+            copies = [family_scores(family, rows, width, gen, dev, fp32) for _ in range(CALLS)]
+            exact32 = bench_pack(rows, width, family, gen, copies=copies, score_dtype=fp32,
+                                 per_kernel=family == "normal")
+            rounded = bench_pack(rows, width, family, gen, copies=[c.bfloat16() for c in copies],
+                                 per_kernel=family == "normal")
+            results["pack"] += [dict(exact32, score_dtype="float32"), rounded]
+            save()
+            print(f"  {family:<18}{exact32['pack_us']:8.1f}{rounded['pack_us']:8.1f}"
+                  f"{exact32['pack_us'] / rounded['pack_us']:8.2f}x{exact32['torch_topk_us']:10.1f}"
+                  f"  {exact32['exact']} {rounded['exact']}  "
+                  + " ".join(f"{k} {v:.1f} / {rounded['kernels_us'][k]:.1f}"
+                             for k, v in exact32["kernels_us"].items()), flush=True)
+    world, rows, width, k = 8, 64, 16384, 2048
     for interleave in interleaves:
         print(f"fp32 merge W={world} T={rows} S={width} I={interleave}   family  fp32  bf16  ratio  "
               "generic-by-rank(fp32)  speedup  exact")

@@ -67,13 +67,13 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, sc
              library_peers: int = 0):
     """The launches of one configuration, built by the launchers themselves
     from small CPU tensors (nothing runs): a merge of one row of 131072
-    tokens (32-bit scores: 16384, the widest they take) on a rank of
+    tokens on a rank of
     ``world_size``, the pack's pipelines for N (rows given no starts) and
     for K rounded up to 32 (pushed lists; rows given starts), so that both
     forms of the row window compile, the packing of a caller's indices, and
     the select and the rescue in both output forms."""
     rows, max_rows, interleave = 1, 1, 1
-    width = 131072 if score_bits == 16 else pack.SHORT_ROWS
+    width = 131072
     planes = fmt.num_planes(width)
     i32 = dict(dtype=torch.int32)
     logits = torch.zeros(rows, width, dtype=dtype)
@@ -85,7 +85,7 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, sc
     gid_bits = fmt.global_id_bits(world_size, interleave, width)
     for n, list_slots, starts in ((local_topk, 0, None), (fmt.list_len(topk), slots, torch.zeros_like(ends))):
         out = torch.zeros(rows, fmt.packed_row_words(n, planes, score_bits), **i32)
-        scratch, arrivals = pack.scratch_for(rows, n, width, "cpu")
+        scratch, arrivals = pack.scratch_for(rows, n, width, "cpu", score_bits=score_bits)
         publish = pack.Publish(epochs, ptrs, ptrs, pes, max_rows, 0, world_size, sat=sat, list_slots=list_slots,
                                gid_bits=gid_bits if list_slots else 0, library_peers=library_peers if list_slots else 0)
         for call_width in TritonBackend.compiled_widths(width):  # each width class of the pack

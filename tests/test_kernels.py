@@ -216,7 +216,8 @@ def _sampled_groups(n: int, width: int) -> torch.Tensor:
 
 
 @needs_triton
-def test_pack_every_path_matches_reference(monkeypatch, device):
+@pytest.mark.parametrize("score_bits", [16, 32])
+def test_pack_every_path_matches_reference(score_bits, monkeypatch, device):
     """Rows of several blocks, each built to settle one way, the way it
     settles read back from the scratch: from the candidates (also with a
     room they nearly fill), exactly on a probed tie (the ties straddling
@@ -225,9 +226,13 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     hold low scores, the rest of the row high ones: the floor lets almost
     every token through; also with the row's top-n in one span). A sampled
     outlier far above the rest, and zeros below fewer than n positives
-    (ties at the lowest sampled score), still settle from the sample. Planes past 2^16, fp32 scores. The filter reads
-    bf16 rows of an even width as pairs of tokens (odd row ends included),
-    others token by token (an odd width, fp32)."""
+    (ties at the lowest sampled score), still settle from the sample.
+    Planes past 2^16, fp32 scores. The filter reads bf16 rows of an even
+    width as pairs of tokens (odd row ends included), others token by token
+    (an odd width, fp32). In exact fp32 order (fp32 logits): the same rows,
+    and a probed level of the top halves whose tokens differ in their low
+    halves (not a tie: the radix steps), with one of its values repeated
+    across blocks and the rest below it (the radix lists' ties)."""
     from nvshmem_topk import reference
     from nvshmem_topk.kernels import pack, spread
 
@@ -258,52 +263,59 @@ def test_pack_every_path_matches_reference(monkeypatch, device):
     outlier = torch.randn(2, width, generator=gen)
     outlier[:, 0] = 1e30  # token 0 is always sampled
     zeros = torch.relu(torch.randn(2, width, generator=gen) - 2.5)
+    one_level = 1.0 + torch.randint(0, 128, (2, width), generator=gen) * 2.0**-23  # one bf16 level, 128 values
+    one_level[:, ::101] = 1.0 + 200 * 2.0**-23  # about 130 a row: k = 512 reaches below it
     listed, exact, radix = spread.LISTED.value, spread.EXACT.value, spread.RADIX.value
     cases = [("listed", normal, n, listed), ("ties", ties, n, exact), ("fewer than n", few, n, listed),
              ("radix", attack, n, radix), ("radix, one span", one_span, n, radix), ("planes", planes, n, listed),
              ("planes radix", planes_attack, 64, radix),
              ("fp32", normal, n, listed), ("odd width", normal[:, 1:], n, listed), ("outlier", outlier, n, listed),
              ("zeros", zeros, n, exact)]
+    if score_bits == 32:
+        cases += [("one level", one_level, n, radix), ("one level, k past its top value", one_level, 512, radix)]
     for name, scores, k, mode in cases:
-        logits = scores if name == "fp32" else scores.bfloat16()
+        logits = scores if name == "fp32" or score_bits == 32 else scores.bfloat16()
         ends = torch.full((logits.shape[0],), logits.shape[1], dtype=torch.int32)
         ends[-1] -= 3
-        want = reference.pack(logits, ends, k, logits.shape[1])
+        want = reference.pack(logits, ends, k, logits.shape[1], score_bits=score_bits)
         got = torch.full_like(want, 123).to(device)
-        scratch, arrivals = pack.scratch_for(logits.shape[0], k, logits.shape[1], device)
+        scratch, arrivals = pack.scratch_for(logits.shape[0], k, logits.shape[1], device, score_bits=score_bits)
         pack.pack(got, logits.to(device), None, ends.to(device), local_topk=k, max_local_len=logits.shape[1],
-                  scratch=(scratch, arrivals))
+                  scratch=(scratch, arrivals), score_bits=score_bits)
         assert torch.equal(got.cpu(), want), name
         assert scratch[:, spread.MODE.value].tolist() == [mode] * logits.shape[0], name
         assert not arrivals.any(), name
     # A room of 256 for about 200 candidates: the select holds nearly all of it.
     m = 96
-    full = spread.Plan(n=m, room=256, groups=spread.plan(m, width).groups, blocks_p2=spread.plan(m, width).blocks_p2)
-    monkeypatch.setattr(spread, "plan", lambda k, w: full)
-    logits = normal.bfloat16()
+    planned = spread.plan(m, width, score_bits)
+    full = spread.Plan(n=m, room=256, groups=planned.groups, blocks_p2=planned.blocks_p2, score_bits=score_bits)
+    monkeypatch.setattr(spread, "plan", lambda *_: full)
+    logits = normal.bfloat16() if score_bits == 16 else normal
     ends = torch.full((2,), width, dtype=torch.int32)
-    want = reference.pack(logits, ends, m, width)
+    want = reference.pack(logits, ends, m, width, score_bits=score_bits)
     got = torch.full_like(want, 123).to(device)
-    scratch, arrivals = pack.scratch_for(2, m, width, device)
+    scratch, arrivals = pack.scratch_for(2, m, width, device, score_bits=score_bits)
     pack.pack(got, logits.to(device), None, ends.to(device), local_topk=m, max_local_len=width,
-              scratch=(scratch, arrivals))
+              scratch=(scratch, arrivals), score_bits=score_bits)
     assert torch.equal(got.cpu(), want)
-    listed = scratch[:, spread.HEADER.value + 1: spread.HEADER.value + 4 * 4: 4].sum(dim=1)
+    fields = spread.COUNT_FIELDS.value
+    listed = scratch[:, spread.HEADER.value + 1: spread.HEADER.value + 4 * fields: fields].sum(dim=1)
     assert ((listed > full.room // 2) & (scratch[:, spread.MODE.value] == spread.LISTED.value)).all(), listed
 
 
-def _pushed_list(logits, floors, n, max_local_len, device):
+def _pushed_list(logits, floors, n, max_local_len, device, score_bits=16):
     """``pack.select_local``'s pushed list of every row of ``logits`` (rank
-    0 of 1, saturated everywhere, kappa at score ``floors``), the
-    reference's, and the scratch the kernels left."""
+    0 of 1, saturated everywhere, kappa at score ``floors``, an ord16 or
+    ord32), the reference's, and the scratch the kernels left."""
     from nvshmem_topk import format as fmt, reference
     from nvshmem_topk.kernels import pack
 
     rows = logits.shape[0]
     gid_bits = fmt.global_id_bits(1, 1, max_local_len)
-    sat = fmt.sat_word(torch.ones(rows, dtype=torch.int64), floors.long() << gid_bits | 5)
+    sat = fmt.sat_word(torch.ones(rows, dtype=torch.int64), floors.long() << gid_bits | 5, score_bits)
     ends = torch.full((rows,), logits.shape[1], dtype=torch.int32)
-    want = reference.pack(logits, ends, n, max_local_len, None, fmt.list_floor(sat, gid_bits))
+    want = reference.pack(logits, ends, n, max_local_len, None, fmt.list_floor(sat, gid_bits, score_bits),
+                          score_bits=score_bits)
     recv = torch.full((rows, 1, want.shape[1]), 123, dtype=torch.int32, device=device)
     flags = torch.zeros(2 * rows, dtype=torch.int32, device=device)
 
@@ -313,44 +325,50 @@ def _pushed_list(logits, floors, n, max_local_len, device):
     publish = pack.Publish(torch.zeros(rows, dtype=torch.int32, device=device), address(recv), address(flags),
                            torch.zeros(1, dtype=torch.int32, device=device), rows, 0, 1, sat=sat.to(device),
                            list_slots=1, gid_bits=gid_bits)
-    scratch, arrivals = pack.scratch_for(rows, n, max_local_len, device)
+    scratch, arrivals = pack.scratch_for(rows, n, max_local_len, device, score_bits=score_bits)
     pack.select_local(recv, logits.to(device), None, ends.to(device), n=n, max_local_len=max_local_len,
-                      scratch=scratch, arrivals=arrivals, publish=publish)
+                      scratch=scratch, arrivals=arrivals, publish=publish, score_bits=score_bits)
     assert flags[rows:].tolist() == [1] * rows
     return recv[:, 0].cpu(), want, scratch.cpu()
 
 
 @needs_triton
-def test_a_pushed_list_holds_the_top_tokens_at_or_above_kappas_score(device, pack_kernels):
+@pytest.mark.parametrize("score_bits", [16, 32])
+def test_a_pushed_list_holds_the_top_tokens_at_or_above_kappas_score(score_bits, device, pack_kernels):
     """A saturated rank's list is its top-L among the tokens whose score
     reaches kappa's (``format.list_floor``): every one of them when fewer
     than L do (the row kernel selects among them, the spread pipeline trims
     its top-L of the row), its top-L when more do or kappa is 0; words
     past a trim move with their plane bits (ids past 2^16), also when the
-    sample misleads the spread pipeline into its radix steps."""
+    sample misleads the spread pipeline into its radix steps. In exact fp32
+    order (fp32 logits, 32-bit floors) too."""
     from nvshmem_topk import format as fmt
     from nvshmem_topk.kernels import spread
+    from nvshmem_topk.testing import sub_bf16_scores
+
+    def scores(x):  # the logits the order ranks exactly
+        return x.bfloat16() if score_bits == 16 else x
 
     gen = torch.Generator().manual_seed(23)
     n = 64
-    logits = torch.randn(4, 3000, generator=gen).bfloat16()
-    ranked = fmt.ord16(fmt.score16_bits(logits)).sort(dim=1, descending=True).values
+    logits = torch.randn(4, 3000, generator=gen).bfloat16() if score_bits == 16 else sub_bf16_scores(4, 3000, gen)
+    ranked = fmt.score_order(logits, score_bits)[0].sort(dim=1, descending=True).values
     floors = torch.stack([ranked[0, 20], ranked[1, 200], torch.tensor(0), ranked[3, n - 1]])
-    got, want, _ = _pushed_list(logits, floors, n, (1 << 17) + 5, device)
+    got, want, _ = _pushed_list(logits, floors, n, (1 << 17) + 5, device, score_bits)
     assert (want[0, :n] != 0).sum() < n and (want[1:, :n] != 0).all()
     assert torch.equal(got, want)
     if pack_kernels == "spread":
         wide = torch.randn(1, (1 << 16) + 2000, generator=gen)
         wide[0, 100:140] = 8.0 + torch.arange(40) / 16  # kept, before the ids past 2^16 move down
         wide[0, -1000:-980] = 6.0 + torch.arange(20) / 16
-        wide = wide.bfloat16()
-        floor = fmt.ord16(fmt.score16_bits(torch.tensor([5.5]).bfloat16())).long()
-        got, want, _ = _pushed_list(wide, floor, n, wide.shape[1], device)
+        wide = scores(wide)
+        floor = fmt.score_order(torch.tensor([5.5]), score_bits)[0]
+        got, want, _ = _pushed_list(wide, floor, n, wide.shape[1], device, score_bits)
         assert want[0, n:].any() and (want[0, :n] != 0).sum() < n
         assert torch.equal(got, want)
         # The same through the radix steps: the sampled groups hold low scores.
         wide[0, _sampled_groups(n, wide.shape[1])] = -5.0
-        got, want, scratch = _pushed_list(wide, floor, n, wide.shape[1], device)
+        got, want, scratch = _pushed_list(wide, floor, n, wide.shape[1], device, score_bits)
         assert scratch[0, spread.MODE.value] == spread.RADIX.value
         assert want[0, n:].any() and (want[0, :n] != 0).sum() < n
         assert torch.equal(got, want)
@@ -438,14 +456,15 @@ def test_filter_counts_and_words_are_exact_on_every_bf16(pairs, device):
     filter_block_kernel[(blocks, len(probes))](scratch, x.to(device), 1 << 16, scratch.stride(0), REGION=plan.region,
                                                REGIONS_AT=plan.regions_at, PAIRS=pairs)
     scratch = scratch.cpu()
-    counts = scratch[:, spread.HEADER.value: spread.HEADER.value + 4 * blocks].view(len(probes), blocks, 4)
+    fields = spread.COUNT_FIELDS.value
+    counts = scratch[:, spread.HEADER.value: spread.HEADER.value + fields * blocks].view(len(probes), blocks, fields)
     words = fmt.make_words(order, bits).to(torch.int32)  # the stored two's complement
     for case, (probe, floor) in enumerate(zip(probes, floors)):
         lowest = floor & ~1 if pairs else {0x8000: 0x7FFF}.get(floor, floor)
         candidate = valid & (order >= lowest)
         reach = int((valid & (order >= probe)).sum()) if probe else 0
         above = int((valid & (order > probe)).sum()) if probe else 0
-        assert counts[case].sum(0).tolist() == [int(valid.sum()), int(candidate.sum()), reach, above], hex(probe)
+        assert counts[case, :, :4].sum(0).tolist() == [int(valid.sum()), int(candidate.sum()), reach, above], hex(probe)
         for block in range(blocks):
             mine = candidate[block * spread.BLOCK.value:(block + 1) * spread.BLOCK.value]
             want = words[block * spread.BLOCK.value:(block + 1) * spread.BLOCK.value][mine][:plan.region]
@@ -687,9 +706,9 @@ def test_fp32_logits_round_to_bf16_like_the_reference(device):
 @needs_triton
 @pytest.mark.parametrize("world_size,interleave,topk,local_topk", [(2, 1, 64, 64), (4, 2, 45, 32),
                                                                   pytest.param(8, 64, 128, 32, marks=pytest.mark.slow)])
-def test_fp32_order_matches_reference_stage_by_stage(world_size, interleave, topk, local_topk, device):
-    """Exact fp32 order on the short rows' kernel, the select and the
-    rescue: scores that tie at bf16 but not in fp32 (every row), NaN,
+def test_fp32_order_matches_reference_stage_by_stage(world_size, interleave, topk, local_topk, device, pack_kernels):
+    """Exact fp32 order on both pack kernels, the select and the rescue:
+    scores that tie at bf16 but not in fp32 (every row), NaN,
     infinities and signed zeros, windows, bf16 logits widened, and one rank
     holding the best scores (its pushed list and the rescue), sorted or
     not."""
@@ -864,6 +883,30 @@ def test_gpu_serving_shapes_match_reference_and_oracle(world_size, rows, width, 
     n = nt.default_local_topk(topk, world_size)
     got = _same_at_every_stage(logits.cuda(), ends.cuda(), topk=topk, local_topk=n)
     assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, topk))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world_size,rows,width,topk", [
+    (2, 64, 65536, 2048), (8, 16, 131072, 2048), (4, 4, (1 << 17) + 1000, 2048), (4, 16, 32768, 3000),
+])
+def test_gpu_fp32_order_on_wide_rows_matches_reference_and_oracle(world_size, rows, width, topk):
+    """Exact fp32 order through the wide rows' pipeline: scores that bf16
+    cannot rank (row 0 all in one bf16 level), a saturated rank, a row of
+    one value, short rows, windows."""
+    from nvshmem_topk.testing import shard, sub_bf16_scores
+
+    gen = torch.Generator().manual_seed(world_size * rows)
+    logits = shard(sub_bf16_scores(rows, world_size * width, gen), world_size, 1)
+    logits[0, 1, : topk * 2] += 6.0  # rank 0 saturated on row 1
+    logits[:, 2] = 1.0  # one value: every full rank saturated
+    starts = torch.randint(0, 50, (world_size, rows), generator=gen, dtype=torch.int32)
+    ends = torch.randint(width // 2, width + 1, (world_size, rows), generator=gen, dtype=torch.int32)
+    ends[:, 3] = 7
+    n = nt.default_local_topk(topk, world_size)
+    fp32 = torch.float32
+    got = _same_at_every_stage(logits.cuda(), ends.cuda(), topk=topk, local_topk=n, starts=starts.cuda(),
+                               score_dtype=fp32)
+    assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, topk, row_starts=starts, score_dtype=fp32))
 
 
 @needs_triton
