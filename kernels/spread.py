@@ -342,22 +342,13 @@ def _below_candidates(floor):
 
 
 @triton.jit
-def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LOWS_AT: tl.constexpr,
-                  SCORE_BITS: tl.constexpr):
+def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr):
     """The block's counts, and its first REGION candidates' words in order.
     bf16 is compared as a float with the floor (a few instructions a token:
     candidates need only be a threshold set that holds the top-n), the
     probe exactly as ord16 through the sign-folded integer of the bits, and
-    only when there is one. 32-bit scores are compared by their words'
-    scores (the fp32 order's top halves); their candidates' low halves go
-    beside the words, and the probe's tokens' low halves are bounded (its
-    ties are exact only when all of them are one fp32 value)."""
-    if SCORE_BITS == 32:
-        order = folded32(x)
-        valid = order != NO_SCORE32
-        folded = order >> 16  # ord16 of the fp32 cut to bf16, less 0x8000
-        candidate = valid & (folded >= tl.load(scratch + FLOOR) - 0x8000)
-    elif x.dtype == tl.bfloat16:
+    only when there is one."""
+    if x.dtype == tl.bfloat16:
         # Widened on the bits (a bf16 is the high half of its fp32): exact for
         # subnormals too, which the interpreter's bf16 conversion is not.
         half = x.to(tl.int16, bitcast=True).to(tl.int32)
@@ -369,14 +360,11 @@ def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl
         half = tl.where(bits >= 0x8000, bits - 0x10000, bits)  # as int16, sign extended
         valid = ~is_nan_bits(bits)
         candidate = valid & (ord16(bits) >= tl.load(scratch + FLOOR))
-    if SCORE_BITS == 16:
-        folded = half ^ ((half >> 15) & 0x7FFF)  # ord16 - 0x8000 for valid scores
+    folded = half ^ ((half >> 15) & 0x7FFF)  # ord16 - 0x8000 for valid scores
     flag = candidate.to(tl.int32)
     pos = line_positions(flag)
-    listed = candidate & (pos < REGION)
-    tl.store(scratch + REGIONS_AT + block * REGION + pos, packed_word(folded + 0x8000, local), mask=listed)
-    if SCORE_BITS == 32:
-        tl.store(_region_lows(scratch, LOWS_AT, SCORE_BITS) + block * REGION + pos, order.to(tl.int16), mask=listed)
+    tl.store(scratch + REGIONS_AT + block * REGION + pos,
+             packed_word(folded + 0x8000, local), mask=candidate & (pos < REGION))
     first = tl.sum(tl.sum(valid.to(tl.int32) | (flag << 16), axis=1), axis=0)  # two counts a sum (each < 2^16)
     counts = scratch + HEADER + block * COUNT_FIELDS
     tl.store(counts, first & 0xFFFF)
@@ -387,18 +375,58 @@ def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl
         reach = valid & (folded >= probe - 0x8000)
         above = valid & (folded > probe - 0x8000)
         second = tl.sum(tl.sum(reach.to(tl.int32) | (above.to(tl.int32) << 16), axis=1), axis=0)
-        if SCORE_BITS == 32:
-            low = tl.where(reach & ~above, order & 0xFFFF, -1)
-            tl.store(counts + 4, tl.max(tl.max(low, axis=1), axis=0))
-            tl.store(counts + 5, tl.max(tl.max(tl.where(low >= 0, 0xFFFF - low, -1), axis=1), axis=0))
     tl.store(counts + 2, second & 0xFFFF)
     tl.store(counts + 3, second >> 16)
 
 
+PART = tl.constexpr(1024)  # tokens a step of the 32-bit filter takes: its registers scale with it
+
+
 @triton.jit
-def _region_lows(scratch, LOWS_AT: tl.constexpr):
-    """The regions' low halves (int16, slot for slot with their words)."""
-    return (scratch + LOWS_AT).to(tl.pointer_type(tl.int16))
+def _filter_block32(scratch, row_ptr, block, window, REGION: tl.constexpr, REGIONS_AT: tl.constexpr,
+                    LOWS_AT: tl.constexpr):
+    """``_filter_block`` of 32-bit scores, PART tokens a step (each read as
+    its step comes): candidates by their words' scores (the fp32 order's
+    top halves), their low halves beside their words; the probe's counts,
+    and the highest and lowest low half of its tokens (its ties are exact
+    only when they are all one fp32 value). ``row_ptr``: the row's logits;
+    ``window``: its valid tokens (start, end)."""
+    start, end = window
+    whole = (block * BLOCK >= start) & ((block + 1) * BLOCK <= end)
+    floor = tl.load(scratch + FLOOR) - 0x8000  # folded, as the orders' top halves are
+    probe = tl.load(scratch + PROBE)
+    region = scratch + REGIONS_AT + block * REGION
+    lows = _region_lows(scratch, LOWS_AT, 32) + block * REGION
+    first = tl.zeros((), dtype=tl.int32)  # valid tokens | candidates << 16 (each < 2^16)
+    second = tl.zeros((), dtype=tl.int32)  # >= probe | > probe << 16
+    highest = tl.full((), -1, tl.int32)  # the probe's tokens' highest low half, and 0xFFFF less their lowest
+    lowest = tl.full((), -1, tl.int32)
+    for part in tl.static_range(BLOCK // PART):
+        local = block * BLOCK + part * PART + tl.arange(0, PART // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+        order = folded32(load_tokens(row_ptr + local, (local >= start) & (local < end), whole))
+        valid = order != NO_SCORE32
+        folded = order >> 16  # the word's score less 0x8000
+        candidate = valid & (folded >= floor)
+        flag = candidate.to(tl.int32)
+        pos = (first >> 16) + line_positions(flag)
+        listed = candidate & (pos < REGION)
+        tl.store(region + pos, packed_word(folded + 0x8000, local), mask=listed)
+        tl.store(lows + pos, order.to(tl.int16), mask=listed)
+        first += tl.sum(tl.sum(valid.to(tl.int32) | (flag << 16), axis=1), axis=0)
+        if probe != 0:
+            reach = valid & (folded >= probe - 0x8000)
+            above = valid & (folded > probe - 0x8000)
+            second += tl.sum(tl.sum(reach.to(tl.int32) | (above.to(tl.int32) << 16), axis=1), axis=0)
+            low = tl.where(reach & ~above, order & 0xFFFF, -1)
+            highest = tl.maximum(highest, tl.max(tl.max(low, axis=1), axis=0))
+            lowest = tl.maximum(lowest, tl.max(tl.max(tl.where(low >= 0, 0xFFFF - low, -1), axis=1), axis=0))
+    counts = scratch + HEADER + block * COUNT_FIELDS
+    tl.store(counts, first & 0xFFFF)
+    tl.store(counts + 1, first >> 16)
+    tl.store(counts + 2, second & 0xFFFF)
+    tl.store(counts + 3, second >> 16)
+    tl.store(counts + 4, highest)
+    tl.store(counts + 5, lowest)
 
 
 @triton.jit
@@ -534,12 +562,18 @@ def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_
     if LIST:  # only the saturated rows, known once the select has run
         after_prior_kernel(PDL)
         if row_target(row, sat_ptr, rank, 1, 1, LIST, SCORE_BITS)[0]:
-            if PAIRS:
+            if SCORE_BITS == 32:
+                _filter_block32(scratch, logits_ptr + row * logits_stride, block, window, REGION, REGIONS_AT,
+                                LOWS_AT)
+            elif PAIRS:
                 _filter_pairs(scratch, _block_pairs(logits_ptr + row * logits_stride, block, window), block, REGION,
                               REGIONS_AT)
             else:
                 x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
-                _filter_block(scratch, x, local, block, REGION, REGIONS_AT, LOWS_AT, SCORE_BITS)
+                _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
+    elif SCORE_BITS == 32:  # read a step at a time, once the floor is known
+        after_prior_kernel(PDL)
+        _filter_block32(scratch, logits_ptr + row * logits_stride, block, window, REGION, REGIONS_AT, LOWS_AT)
     elif PAIRS:
         # The logits and row ends were written before the estimate, which
         # waited for them before this kernel could launch: the block is read
@@ -550,7 +584,7 @@ def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_
     else:
         x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
         after_prior_kernel(PDL)
-        _filter_block(scratch, x, local, block, REGION, REGIONS_AT, LOWS_AT, SCORE_BITS)
+        _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
 
 
 # ------------------------------------------------------------------ settle
@@ -1057,7 +1091,7 @@ def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local
     words = out.shape[-1]
     listing, pdl, score_bits = target["LIST"], target["PDL"], target["SCORE_BITS"]
     p = plan(n, max_local_len, score_bits)
-    wider = score_bits // 16  # 32-bit scores: twice the warps, so that a thread holds as many registers of them
+    wider = score_bits // 16  # 32-bit scores: the finish's candidates over twice the warps (as many registers)
     blocks = triton.cdiv(max(limit, 1), BLOCK.value)
     spans = triton.cdiv(blocks, p.span)
     return [
@@ -1066,7 +1100,7 @@ def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local
                     SCORE_BITS=score_bits), ESTIMATE_WARPS),
         Launch(filter_kernel, (blocks, rows), (scratch, rows_arg, limit),
                dict(REGION=p.region, REGIONS_AT=p.regions_at, LOWS_AT=p.lows_at, LIST=listing,
-                    PAIRS=pairs, PDL=pdl, SCORE_BITS=score_bits), FILTER_WARPS * wider),
+                    PAIRS=pairs, PDL=pdl, SCORE_BITS=score_bits), FILTER_WARPS),
         Launch(finish_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, HISTOGRAMS_AT=p.histograms_at,
                     REGIONS_AT=p.regions_at, LOWS_AT=p.lows_at, ROOM=p.room, SPAN=p.span, **peers),

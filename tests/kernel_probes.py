@@ -49,7 +49,7 @@ def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.co
         _filter_pairs(scratch, _block_pairs(x_ptr, block, (0, width)), block, REGION, REGIONS_AT)
     else:
         x, local = _block_tokens(x_ptr, 0, 0, block, (0, width))
-        _filter_block(scratch, x, local, block, REGION, REGIONS_AT, 0, 16)
+        _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
 
 
 @triton.jit
