@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from .keys import (MIN_VALID, NO_SCORE32, flat_positions, folded32, is_nan_bits, near_bin, ord16, packed_word,
-                   packed_words, power_of_2, radix_boundary, score16_bits)
+                   packed_words, power_of_2, radix_boundary, radix_digit_histogram, score16_bits)
 from .launch import Launch
 from .rows import (any_width, bisected_threshold, bisected_threshold32, above_and_ties, above_and_ties32, kept_slots,
                    line_positions, load_tokens, list_floor, no_order, publish_row, row_lows, row_target, row_window,
@@ -52,7 +52,6 @@ FILTER_WARPS = 4
 SPANS = 8  # finish and radix programs per row, about: each covers a span of 1 to MAX_SPAN blocks
 MAX_SPAN = 4
 SPAN_WARPS = 8
-MAX_WARPS = 16  # a program's, at most: more leave a thread too few registers for the finish's room
 ESTIMATE_WARPS = 8
 GROUP = tl.constexpr(4)  # adjacent tokens a sampled group (one 8-byte load of bf16): the fewer tokens a group,
 # the more independent values a smooth row's sample holds
@@ -379,54 +378,74 @@ def _filter_block(scratch, x, local, block, REGION: tl.constexpr, REGIONS_AT: tl
     tl.store(counts + 3, second >> 16)
 
 
-PART = tl.constexpr(1024)  # tokens a step of the 32-bit filter takes: its registers scale with it
+PART = tl.constexpr(BLOCK.value // 4)  # tokens a step of the 32-bit filter takes: its registers scale with it
 
 
 @triton.jit
-def _filter_block32(scratch, row_ptr, block, window, REGION: tl.constexpr, REGIONS_AT: tl.constexpr,
-                    LOWS_AT: tl.constexpr):
-    """``_filter_block`` of 32-bit scores, PART tokens a step (each read as
-    its step comes): candidates by their words' scores (the fp32 order's
-    top halves), their low halves beside their words; the probe's counts,
-    and the highest and lowest low half of its tokens (its ties are exact
-    only when they are all one fp32 value). ``row_ptr``: the row's logits;
-    ``window``: its valid tokens (start, end)."""
+def _part_tokens(row_ptr, block, part, window):
+    """The scores of part ``part`` of a block (PART tokens, as [PART / 8,
+    8]), NaN outside the row's valid tokens ``window`` = (start, end)."""
     start, end = window
+    local = block * BLOCK + part * PART + tl.arange(0, PART // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
     whole = (block * BLOCK >= start) & ((block + 1) * BLOCK <= end)
+    return load_tokens(row_ptr + local, (local >= start) & (local < end), whole)
+
+
+@triton.jit
+def _block_parts(row_ptr, block, window):
+    """A block's four parts' scores (``_part_tokens``), loaded at once."""
+    return (_part_tokens(row_ptr, block, 0, window), _part_tokens(row_ptr, block, 1, window),
+            _part_tokens(row_ptr, block, 2, window), _part_tokens(row_ptr, block, 3, window))
+
+
+@triton.jit
+def _filter_block32(scratch, parts, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LOWS_AT: tl.constexpr):
+    """``_filter_block`` of 32-bit scores (``parts``: ``_block_parts``), a
+    part a step: candidates by their words' scores (the fp32 order's top
+    halves), their low halves beside their words; the probe's counts, and
+    the highest and lowest low half of its tokens (its ties are exact only
+    when they are all one fp32 value)."""
     floor = tl.load(scratch + FLOOR) - 0x8000  # folded, as the orders' top halves are
     probe = tl.load(scratch + PROBE)
     region = scratch + REGIONS_AT + block * REGION
     lows = _region_lows(scratch, LOWS_AT, 32) + block * REGION
-    first = tl.zeros((), dtype=tl.int32)  # valid tokens | candidates << 16 (each < 2^16)
-    second = tl.zeros((), dtype=tl.int32)  # >= probe | > probe << 16
-    highest = tl.full((), -1, tl.int32)  # the probe's tokens' highest low half, and 0xFFFF less their lowest
-    lowest = tl.full((), -1, tl.int32)
-    for part in tl.static_range(BLOCK // PART):
+    # Per thread, summed over the parts; reduced once (each cross-warp step
+    # is a barrier): valid | >= probe << 8 | > probe << 16 (a thread's
+    # tokens are fewer than 2^8), and the probe's tokens' highest low half
+    # and 0xFFFF less their lowest.
+    kept = tl.zeros((), dtype=tl.int32)
+    fields = tl.zeros((PART // 8, 8), dtype=tl.int32)
+    highest = tl.full((PART // 8, 8), -1, tl.int32)
+    lowest = tl.full((PART // 8, 8), -1, tl.int32)
+    for part in tl.static_range(len(parts)):
         local = block * BLOCK + part * PART + tl.arange(0, PART // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
-        order = folded32(load_tokens(row_ptr + local, (local >= start) & (local < end), whole))
+        order = folded32(parts[part])
         valid = order != NO_SCORE32
         folded = order >> 16  # the word's score less 0x8000
         candidate = valid & (folded >= floor)
         flag = candidate.to(tl.int32)
-        pos = (first >> 16) + line_positions(flag)
+        per_line = tl.sum(flag, axis=1)
+        pos = kept + (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag
         listed = candidate & (pos < REGION)
         tl.store(region + pos, packed_word(folded + 0x8000, local), mask=listed)
         tl.store(lows + pos, order.to(tl.int16), mask=listed)
-        first += tl.sum(tl.sum(valid.to(tl.int32) | (flag << 16), axis=1), axis=0)
-        if probe != 0:
-            reach = valid & (folded >= probe - 0x8000)
-            above = valid & (folded > probe - 0x8000)
-            second += tl.sum(tl.sum(reach.to(tl.int32) | (above.to(tl.int32) << 16), axis=1), axis=0)
-            low = tl.where(reach & ~above, order & 0xFFFF, -1)
-            highest = tl.maximum(highest, tl.max(tl.max(low, axis=1), axis=0))
-            lowest = tl.maximum(lowest, tl.max(tl.max(tl.where(low >= 0, 0xFFFF - low, -1), axis=1), axis=0))
+        kept += tl.sum(per_line, axis=0)
+        reach = valid & (folded >= probe - 0x8000) & (probe != 0)
+        above = reach & (folded > probe - 0x8000)
+        fields += valid.to(tl.int32) | (reach.to(tl.int32) << 8) | (above.to(tl.int32) << 16)
+        low = tl.where(reach & ~above, order & 0xFFFF, -1)
+        highest = tl.maximum(highest, low)
+        lowest = tl.maximum(lowest, tl.where(low >= 0, 0xFFFF - low, -1))
+    per_thread = tl.sum(fields, axis=1)  # below 2^8 a field
+    first = tl.sum((per_thread & 0xFF) | ((per_thread & 0xFF00) << 8), axis=0)  # valid | >= probe << 16
+    second = tl.sum(per_thread >> 16, axis=0)
     counts = scratch + HEADER + block * COUNT_FIELDS
     tl.store(counts, first & 0xFFFF)
-    tl.store(counts + 1, first >> 16)
-    tl.store(counts + 2, second & 0xFFFF)
-    tl.store(counts + 3, second >> 16)
-    tl.store(counts + 4, highest)
-    tl.store(counts + 5, lowest)
+    tl.store(counts + 1, kept)
+    tl.store(counts + 2, first >> 16)
+    tl.store(counts + 3, second)
+    tl.store(counts + 4, tl.max(tl.max(highest, axis=1), axis=0))
+    tl.store(counts + 5, tl.max(tl.max(lowest, axis=1), axis=0))
 
 
 @triton.jit
@@ -563,17 +582,18 @@ def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_
         after_prior_kernel(PDL)
         if row_target(row, sat_ptr, rank, 1, 1, LIST, SCORE_BITS)[0]:
             if SCORE_BITS == 32:
-                _filter_block32(scratch, logits_ptr + row * logits_stride, block, window, REGION, REGIONS_AT,
-                                LOWS_AT)
+                _filter_block32(scratch, _block_parts(logits_ptr + row * logits_stride, block, window), block,
+                                REGION, REGIONS_AT, LOWS_AT)
             elif PAIRS:
                 _filter_pairs(scratch, _block_pairs(logits_ptr + row * logits_stride, block, window), block, REGION,
                               REGIONS_AT)
             else:
                 x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
                 _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
-    elif SCORE_BITS == 32:  # read a step at a time, once the floor is known
+    elif SCORE_BITS == 32:  # read while the estimate runs, as the pairs are
+        parts = _block_parts(logits_ptr + row * logits_stride, block, window)
         after_prior_kernel(PDL)
-        _filter_block32(scratch, logits_ptr + row * logits_stride, block, window, REGION, REGIONS_AT, LOWS_AT)
+        _filter_block32(scratch, parts, block, REGION, REGIONS_AT, LOWS_AT)
     elif PAIRS:
         # The logits and row ends were written before the estimate, which
         # waited for them before this kernel could launch: the block is read
@@ -995,24 +1015,19 @@ def _lists_threshold32(regions, region_lows, kept_ptr, spans, N: tl.constexpr, R
         total += tl.load(kept_ptr + s, cache_modifier=".cg")
         s += 1
     if total > N:
-        prefix = tl.zeros((), dtype=tl.int32)
+        prefix = tl.zeros((), dtype=tl.int64)  # the threshold's ord32, a byte at a time
         for k in tl.static_range(4):
-            shift = 24 - 8 * k  # compile-time
             digits = tl.zeros((256,), dtype=tl.int32)
             first = 0
             while first < spans:
-                lists = _span_lists(regions, region_lows, kept_ptr, first, spans, N, REGION, SPAN)
-                order, inside = lists[1], lists[2]
-                bits = tl.reshape(order ^ NO_SCORE32, (order.numel,))
-                match = tl.reshape(inside, (order.numel,))
-                if shift < 24:
-                    match = match & ((bits >> (shift + 8)) == (prefix >> (shift + 8)))
-                digits += tl.histogram((bits >> shift) & 0xFF, 256, mask=match)
+                order = _span_lists(regions, region_lows, kept_ptr, first, spans, N, REGION, SPAN)[1]
+                keys = (order ^ NO_SCORE32).to(tl.int64) & 0xFFFFFFFF  # ord32; 0 outside the lists
+                digits += radix_digit_histogram(tl.reshape(keys, (keys.numel,), can_reorder=True), prefix, 24 - 8 * k)
                 first += _lists_a_tile(N)
             bucket, above, _ = radix_boundary(digits, need)
-            prefix = prefix | (bucket << shift)
+            prefix |= bucket.to(tl.int64) << (24 - 8 * k)
             need -= above
-        threshold = prefix ^ NO_SCORE32
+        threshold = (prefix - (1 << 31)).to(tl.int32)
     return threshold, need
 
 
@@ -1091,7 +1106,6 @@ def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local
     words = out.shape[-1]
     listing, pdl, score_bits = target["LIST"], target["PDL"], target["SCORE_BITS"]
     p = plan(n, max_local_len, score_bits)
-    wider = score_bits // 16  # 32-bit scores: the finish's candidates over twice the warps (as many registers)
     blocks = triton.cdiv(max(limit, 1), BLOCK.value)
     spans = triton.cdiv(blocks, p.span)
     return [
@@ -1104,7 +1118,7 @@ def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local
         Launch(finish_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, HISTOGRAMS_AT=p.histograms_at,
                     REGIONS_AT=p.regions_at, LOWS_AT=p.lows_at, ROOM=p.room, SPAN=p.span, **peers),
-               min(max(SPAN_WARPS, p.room // 512 * wider), MAX_WARPS)),
+               max(SPAN_WARPS, p.room // 512)),
         Launch(radix_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, HISTOGRAMS_AT=p.histograms_at, SPANS_KEPT_AT=p.spans_kept_at, REGIONS_AT=p.regions_at,
                     LOWS_AT=p.lows_at, REGION=p.region, SPAN=p.span, **peers), SPAN_WARPS),
