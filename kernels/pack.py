@@ -21,11 +21,12 @@ import triton
 import triton.language as tl
 
 from . import spread
-from .keys import NO_SCORE32, folded32, is_nan_bits, low_halves, low_halves_at, ord16, packed_word, packed_words, score_bits
+from .keys import (NO_SCORE32, folded32, is_nan_bits, low_halves, low_halves_at, ord16, packed_word, packed_words,
+                   score_bits)
 from .launch import Launch
 from .rows import (above_and_ties, above_and_ties32, any_width, bisected_threshold, bisected_threshold32, kept_slots,
                    line_positions, publish_row, list_floor, load_tokens, row_target, row_window, token_ord16,
-                   zero_row_from)
+                   word_score, zero_row_from)
 from .sync import after_prior_kernel
 
 SHORT_ROWS = 16384  # calls this wide or narrower: a program a row (``row_kernel``); at most 2^14 (its scan)
@@ -137,7 +138,7 @@ def _store_part32(out_row, order, local, counts, before, found, above, N: tl.con
     low halves as int16 (two candidates share a word). Returns the row's
     kept count."""
     slot, keep, kept = kept_slots(counts, before, found, above, N)
-    tl.store(out_row + slot, packed_word((order >> 16) + 0x8000, local), mask=keep)
+    tl.store(out_row + slot, packed_word(word_score(order, 32), local), mask=keep)
     tl.store(low_halves(out_row, N, PLANES) + slot, order.to(tl.int16), mask=keep)  # its low 16 bits
     return kept
 
@@ -268,7 +269,7 @@ def pack_indices_kernel(out_ptr, logits_ptr, idx_ptr, row_starts_ptr, row_ends_p
         if SCORE_BITS == 32:
             order = folded32(tl.load(ptrs, mask=inside, other=float("nan")))
             present = order != NO_SCORE32
-            score = (order >> 16) + 0x8000
+            score = word_score(order, 32)
             low = tl.where(present, order, 0).to(tl.int16)
             tl.store(low_halves(out_row, N, PLANES) + slot, low, mask=in_range)
         else:

@@ -236,7 +236,7 @@ def store_words(out_row, pos, order, local, keep, N: tl.constexpr, PLANES: tl.co
     if lows is None:
         score = order
     else:
-        score = (order >> 16) + 0x8000
+        score = word_score(order, 32)
         tl.store(lows + pos, order.to(tl.int16), mask=keep)
     tl.store(out_row + pos, packed_word(score, local), mask=keep)
     for p in tl.static_range(PLANES):

@@ -13,8 +13,8 @@ so no program walks a row:
 2. filter (a program per block): each block counts its valid tokens, those
    >= floor (the candidates), >= probe and > probe, and writes its
    candidates' words, in order, to its region of the scratch.
-3. finish (a program per span of up to MAX_SPAN blocks) settles each row from the
-   counts summed over its blocks, the same way in every program:
+3. finish (a program per span of up to MAX_SPAN blocks) settles each row
+   from the counts summed over its blocks, the same way in every program:
    - listed: n <= candidates <= ROOM, or every valid token is one. The first
      span's program selects from them in registers, a count a bit.
    - exact: the probe is the threshold (fewer than n above it, n at or
@@ -30,7 +30,16 @@ so no program walks a row:
 A row that several spans write is published (pushed to every peer, its flag
 raised) by the last span to finish it. Whatever the path, the output is
 ``reference.pack``'s, bit for bit: the estimate decides how much work is
-done, never what is written."""
+done, never what is written.
+
+Scores in exact fp32 order (32-bit words) take the same steps on their
+words' scores (the fp32 order's top halves), with three differences: the
+candidates' low halves go to the scratch beside their words, and the
+listed select counts them too (``bisected_threshold32``); a probed tie is
+exact only when its tokens are all one fp32 value (the filter bounds their
+low halves); and a radix span takes its own top-n from four histograms of
+its own (a byte each, its blocks read again for each), the last span the
+row's from four histograms of the spans' lists."""
 
 
 import math
@@ -216,7 +225,7 @@ def _sample_boundaries(hist, r, r_lo):
 @triton.jit
 def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr, SCORE_BITS: tl.constexpr):
     """(probe, floor) of a row's valid tokens [start, end), ranked by their
-    words' scores (``word_score``: 32-bit scores by their top halves), from groups of
+    words' scores (``word_score``), from groups of
     GROUP adjacent tokens spread evenly over them (from ``start`` rounded
     down to GROUP, so that every group is one aligned load; tokens before it
     count nothing), enough that about SAMPLE_RANK sampled tokens are
