@@ -175,17 +175,18 @@ def bisected_threshold(score, need, lowest, highest):
 
 
 @triton.jit
-def bisected_threshold32(order, order2, need, lowest):
+def bisected_threshold32(order, order2, need, lowest, highest=0xFFFF):
     """``bisected_threshold`` of 32-bit scores (``keys.folded32``; NO_SCORE32
     for invalid tokens), held as two tensors of one shape: (t, above), the
     largest order t with at least ``need`` orders >= t (NO_SCORE32 when
     fewer are valid: every valid one is above it) and how many are above
     it. ``bisected_threshold``'s counts on the top halves (an ord16 each;
     ``lowest``: a folded order every valid token reaches, with at least
-    ``need`` valid when it is above NO_SCORE32), then on the low halves of
-    the tokens in the boundary's top half."""
-    top = tl.join((order >> 16) + 0x8000, (order2 >> 16) + 0x8000)  # ord16 of the fp32 cut to bf16, 0 for NaN
-    top_t, above = bisected_threshold(top, need, (lowest >> 16) + 0x8000, 0xFFFF)
+    ``need`` valid when it is above NO_SCORE32; ``highest``: an ord16 no
+    top half passes), then on the low halves of the tokens in the
+    boundary's top half."""
+    top = tl.join(word_score(order, 32), word_score(order2, 32))  # ord16 of the fp32 cut to bf16, 0 for NaN
+    top_t, above = bisected_threshold(top, need, word_score(lowest, 32), highest)
     threshold = tl.full((), NO_SCORE32, tl.int32)
     if top_t != 0:
         # A low half of 0 is counted as if invalid, as a threshold of 0 needs.

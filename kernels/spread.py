@@ -801,7 +801,8 @@ def _select_listed(out_row, lows, regions, region_lows, listed, floor, N: tl.con
         local_2, order_2 = _candidates(regions, region_lows, ROOM // 2 + slot, total, listed, ends, BLOCKS_P2,
                                        REGION)
         lowest = tl.where(total >= N, (_below_candidates(floor) - 0x8000) << 16, NO_SCORE32)
-        threshold, above = bisected_threshold32(order, order_2, N, lowest)
+        highest = word_score(tl.maximum(tl.max(order, axis=0), tl.max(order_2, axis=0)), 32)
+        threshold, above = bisected_threshold32(order, order_2, N, lowest, highest)
         found = (threshold != NO_SCORE32).to(tl.int32)
         counts = above_and_ties32(order, threshold)
         first = tl.sum(counts, axis=0)  # both fields: where the second half's start
