@@ -418,14 +418,10 @@ def _filter_block32(scratch, parts, block, REGION: tl.constexpr, REGIONS_AT: tl.
     probe = tl.load(scratch + PROBE)
     region = scratch + REGIONS_AT + block * REGION
     lows = _region_lows(scratch, LOWS_AT, 32) + block * REGION
-    # Per thread, summed over the parts; reduced once (each cross-warp step
-    # is a barrier): valid | >= probe << 8 | > probe << 16 (a thread's
-    # tokens are fewer than 2^8), and the probe's tokens' highest low half
-    # and 0xFFFF less their lowest.
-    kept = tl.zeros((), dtype=tl.int32)
-    fields = tl.zeros((PART // 8, 8), dtype=tl.int32)
-    highest = tl.full((PART // 8, 8), -1, tl.int32)
-    lowest = tl.full((PART // 8, 8), -1, tl.int32)
+    first = tl.zeros((), dtype=tl.int32)  # valid tokens | candidates << 16 (each < 2^16)
+    second = tl.zeros((), dtype=tl.int32)  # >= probe | > probe << 16
+    highest = tl.full((), -1, tl.int32)  # the probe's tokens' highest low half, and 0xFFFF less their lowest
+    lowest = tl.full((), -1, tl.int32)
     for part in tl.static_range(len(parts)):
         local = block * BLOCK + part * PART + tl.arange(0, PART // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
         order = folded32(parts[part])
@@ -433,28 +429,25 @@ def _filter_block32(scratch, parts, block, REGION: tl.constexpr, REGIONS_AT: tl.
         folded = order >> 16  # the word's score less 0x8000
         candidate = valid & (folded >= floor)
         flag = candidate.to(tl.int32)
-        per_line = tl.sum(flag, axis=1)
-        pos = kept + (tl.cumsum(per_line, axis=0) - per_line)[:, None] + tl.cumsum(flag, axis=1) - flag
+        pos = (first >> 16) + line_positions(flag)
         listed = candidate & (pos < REGION)
         tl.store(region + pos, packed_word(folded + 0x8000, local), mask=listed)
         tl.store(lows + pos, order.to(tl.int16), mask=listed)
-        kept += tl.sum(per_line, axis=0)
-        reach = valid & (folded >= probe - 0x8000) & (probe != 0)
-        above = reach & (folded > probe - 0x8000)
-        fields += valid.to(tl.int32) | (reach.to(tl.int32) << 8) | (above.to(tl.int32) << 16)
-        low = tl.where(reach & ~above, order & 0xFFFF, -1)
-        highest = tl.maximum(highest, low)
-        lowest = tl.maximum(lowest, tl.where(low >= 0, 0xFFFF - low, -1))
-    per_thread = tl.sum(fields, axis=1)  # below 2^8 a field
-    first = tl.sum((per_thread & 0xFF) | ((per_thread & 0xFF00) << 8), axis=0)  # valid | >= probe << 16
-    second = tl.sum(per_thread >> 16, axis=0)
+        first += tl.sum(tl.sum(valid.to(tl.int32) | (flag << 16), axis=1), axis=0)
+        if probe != 0:
+            reach = valid & (folded >= probe - 0x8000)
+            above = valid & (folded > probe - 0x8000)
+            second += tl.sum(tl.sum(reach.to(tl.int32) | (above.to(tl.int32) << 16), axis=1), axis=0)
+            low = tl.where(reach & ~above, order & 0xFFFF, -1)
+            highest = tl.maximum(highest, tl.max(tl.max(low, axis=1), axis=0))
+            lowest = tl.maximum(lowest, tl.max(tl.max(tl.where(low >= 0, 0xFFFF - low, -1), axis=1), axis=0))
     counts = scratch + HEADER + block * COUNT_FIELDS
     tl.store(counts, first & 0xFFFF)
-    tl.store(counts + 1, kept)
-    tl.store(counts + 2, first >> 16)
-    tl.store(counts + 3, second)
-    tl.store(counts + 4, tl.max(tl.max(highest, axis=1), axis=0))
-    tl.store(counts + 5, tl.max(tl.max(lowest, axis=1), axis=0))
+    tl.store(counts + 1, first >> 16)
+    tl.store(counts + 2, second & 0xFFFF)
+    tl.store(counts + 3, second >> 16)
+    tl.store(counts + 4, highest)
+    tl.store(counts + 5, lowest)
 
 
 @triton.jit
