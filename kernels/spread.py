@@ -225,8 +225,8 @@ def _sample_boundaries(hist, r, r_lo):
 @triton.jit
 def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr, SCORE_BITS: tl.constexpr):
     """(probe, floor) of a row's valid tokens [start, end), ranked by their
-    words' scores (``word_score``), from groups of
-    GROUP adjacent tokens spread evenly over them (from ``start`` rounded
+    words' scores (``word_score``), from groups of GROUP adjacent tokens
+    spread evenly over them (from ``start`` rounded
     down to GROUP, so that every group is one aligned load; tokens before it
     count nothing), enough that about SAMPLE_RANK sampled tokens are
     expected in its top N (at most GROUPS). The row's N-th score is expected
