@@ -32,6 +32,7 @@ def pack_kernels(request, monkeypatch):
 
     if request.param == "spread":
         monkeypatch.setattr(pack, "SHORT_ROWS", 0)
+        monkeypatch.setattr(nt.protocol, "WIDE_FP32_ON_TRITON", True)  # the API's gate on them: these tests lift it
     return request.param
 
 
