@@ -277,8 +277,9 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr, lowest=None):
     ``keys`` (a 2-D tensor; 0 = empty) whose top 16 of KEY_BITS bits are an
     ord16 score (or an ord32's top half), or 0 when fewer than k are
     non-zero; and how many keys are selected by it (k, or every non-zero key
-    when fewer), which the emit would otherwise count with a block-wide sum. First one histogram of how far each
-    key's level (its score without the lowest bit) lies below the top level (bin
+    when fewer), which the emit would otherwise count with a block-wide sum.
+    First one histogram of how far each key's level (its score without the
+    lowest bit) lies below the top level (bin
     NEAR_BINS - 1 - distance; bin 0 for NEAR_BINS - 1 or more): the top-K of
     bf16 scores rarely spans 254 steps, so that fixes the k-th key's level, and
     a histogram's cost grows with its bins. Given ``lowest``, a level every key

@@ -58,6 +58,14 @@ def word_score(order, SCORE_BITS: tl.constexpr):
 
 
 @triton.jit
+def fp32_order(score, low):
+    """The fp32 order (``token_order``) of a word's score and its low half
+    (its 16 bits as a non-negative int): ``word_score``'s inverse
+    (NO_SCORE32 for score 0 and low half 0)."""
+    return ((score - 0x8000) << 16) | low
+
+
+@triton.jit
 def row_lows(row_ptr, N: tl.constexpr, PLANES: tl.constexpr, SCORE_BITS: tl.constexpr):
     """A packed row's low halves (``keys.low_halves``) with 32-bit scores;
     None (nothing to write) with 16-bit ones."""
@@ -192,7 +200,7 @@ def bisected_threshold32(order, order2, need, lowest, highest=0xFFFF):
         # A low half of 0 is counted as if invalid, as a threshold of 0 needs.
         low = tl.join(order & 0xFFFF, order2 & 0xFFFF)
         low_t, low_above = bisected_threshold(tl.where(top == top_t, low, 0), need - above, 0, 0xFFFF)
-        threshold = ((top_t - 0x8000) << 16) | low_t
+        threshold = fp32_order(top_t, low_t)
         above += low_above
     return threshold, above
 

@@ -51,9 +51,9 @@ import triton.language as tl
 from .keys import (MIN_VALID, NO_SCORE32, flat_positions, folded32, is_nan_bits, near_bin, ord16, packed_word,
                    packed_words, power_of_2, radix_boundary, radix_digit_histogram, score16_bits)
 from .launch import Launch
-from .rows import (any_width, bisected_threshold, bisected_threshold32, above_and_ties, above_and_ties32, kept_slots,
-                   line_positions, load_tokens, list_floor, no_order, publish_row, row_lows, row_target, row_window,
-                   store_words, token_order, trim_list, word_score, zero_row_from)
+from .rows import (any_width, bisected_threshold, bisected_threshold32, above_and_ties, above_and_ties32, fp32_order,
+                   kept_slots, line_positions, load_tokens, list_floor, no_order, publish_row, row_lows, row_target,
+                   row_window, store_words, token_order, trim_list, word_score, zero_row_from)
 from .sync import after_prior_kernel, last_to_arrive
 
 BLOCK = tl.constexpr(4096)  # tokens a filter program reads; a power of two up to 2^16 (words carry 16 id bits)
@@ -637,7 +637,7 @@ def _settle(scratch, blocks, N: tl.constexpr, ROOM: tl.constexpr, BLOCKS_P2: tl.
         highest = tl.max(tl.load(counts + 4, mask=inside, other=-1), axis=0)
         lowest = 0xFFFF - tl.max(tl.load(counts + 5, mask=inside, other=-1), axis=0)
         tie = tie & (highest == lowest)
-        threshold = tl.where(tie, ((probe - 0x8000) << 16) | highest, NO_SCORE32)
+        threshold = tl.where(tie, fp32_order(probe, highest), NO_SCORE32)
     else:
         threshold = tl.where(tie, probe, 0)  # 0: every valid token is taken
     # The candidates when they hold the top n (no second read of the row),
@@ -713,7 +713,7 @@ def _region_token(word, block, region_lows, index, mask):
     order = (word >> 16) & 0xFFFF
     if region_lows is not None:
         low = tl.load(region_lows + index, mask=mask, other=0, cache_modifier=".cg")
-        order = ((order - 0x8000) << 16) | (low.to(tl.int32) & 0xFFFF)
+        order = fp32_order(order, low.to(tl.int32) & 0xFFFF)
     return local, order
 
 
@@ -793,7 +793,7 @@ def _select_listed(out_row, lows, regions, region_lows, listed, floor, N: tl.con
         local, order = _candidates(regions, region_lows, slot, total, listed, ends, BLOCKS_P2, REGION)
         local_2, order_2 = _candidates(regions, region_lows, ROOM // 2 + slot, total, listed, ends, BLOCKS_P2,
                                        REGION)
-        lowest = tl.where(total >= N, (_below_candidates(floor) - 0x8000) << 16, NO_SCORE32)
+        lowest = tl.where(total >= N, fp32_order(_below_candidates(floor), 0), NO_SCORE32)
         highest = word_score(tl.maximum(tl.max(order, axis=0), tl.max(order_2, axis=0)), 32)
         threshold, above = bisected_threshold32(order, order_2, N, lowest, highest)
         found = (threshold != NO_SCORE32).to(tl.int32)

@@ -67,11 +67,10 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, sc
              library_peers: int = 0):
     """The launches of one configuration, built by the launchers themselves
     from small CPU tensors (nothing runs): a merge of one row of 131072
-    tokens on a rank of
-    ``world_size``, the pack's pipelines for N (rows given no starts) and
-    for K rounded up to 32 (pushed lists; rows given starts), so that both
-    forms of the row window compile, the packing of a caller's indices, and
-    the select and the rescue in both output forms."""
+    tokens on a rank of ``world_size``, the pack's pipelines for N (rows
+    given no starts) and for K rounded up to 32 (pushed lists; rows given
+    starts), so that both forms of the row window compile, the packing of a
+    caller's indices, and the select and the rescue in both output forms."""
     rows, max_rows, interleave = 1, 1, 1
     width = 131072
     planes = fmt.num_planes(width)
