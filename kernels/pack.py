@@ -6,9 +6,9 @@ the scores.
 
 A call at most SHORT_ROWS tokens wide (a 128K context over 8 ranks) takes
 one kernel, a program per row (``row_kernel``): the row in registers, its
-threshold from sixteen counts, one a bit, then one ordered compaction.
-Scores in exact fp32 order (32-bit words) take it too, with sixteen counts
-more, on the boundary level's low halves.
+threshold from six counts (``bisected_threshold``), then one ordered
+compaction. Scores in exact fp32 order (32-bit words) take it too, with
+six counts more, on the boundary level's low halves.
 
 Wider calls take the four kernels of ``spread``, where no program walks a
 row (32-bit scores are sampled and filtered by their top halves). Whatever
@@ -52,7 +52,8 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
     words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
     second: tl.constexpr = ROW // (SCORE_BITS // 16)  # where the part holding the second half starts
     row = tl.program_id(0).to(tl.int64)
-    local = tl.arange(0, second // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]  # 8 adjacent tokens a thread
+    line: tl.constexpr = 128 // SCORE_BITS  # adjacent tokens a thread holds: 16 bytes of fp32, or 8 bf16
+    local = tl.arange(0, second // line)[:, None] * line + tl.arange(0, line)[None, :]
     row_ptrs = logits_ptr + row * logits_stride + local
     if LIST:  # the scores were written before the pack, two kernels back: read while the select runs
         x = load_tokens(row_ptrs, local < width_limit, width_limit >= ROW)

@@ -16,7 +16,7 @@ so no program walks a row:
 3. finish (a program per span of up to MAX_SPAN blocks) settles each row
    from the counts summed over its blocks, the same way in every program:
    - listed: n <= candidates <= ROOM, or every valid token is one. The first
-     span's program selects from them in registers, a count a bit.
+     span's program selects from them in registers (``bisected_threshold``).
    - exact: the probe is the threshold (fewer than n above it, n at or
      above it), or every valid token is taken. Each block with tokens to
      keep writes them at its place in the row, from the earlier counts:
@@ -392,10 +392,14 @@ PART = tl.constexpr(BLOCK.value // 4)  # tokens a step of the 32-bit filter take
 
 @triton.jit
 def _part_tokens(row_ptr, block, part, window):
-    """The scores of part ``part`` of a block (PART tokens, as [PART / 8,
-    8]), NaN outside the row's valid tokens ``window`` = (start, end)."""
+    """The scores of part ``part`` of a block (PART tokens, as [PART / 4,
+    4]), NaN outside the row's valid tokens ``window`` = (start, end). A
+    line of 4 fp32 is one 16-byte load, one thread's: the sums and scans
+    over a line stay in the thread, and the scan over lines needs no
+    layout conversion (lines of 8 spanned two threads: 127 barriers a
+    block, where 55 now)."""
     start, end = window
-    local = block * BLOCK + part * PART + tl.arange(0, PART // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    local = block * BLOCK + part * PART + tl.arange(0, PART // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
     whole = (block * BLOCK >= start) & ((block + 1) * BLOCK <= end)
     return load_tokens(row_ptr + local, (local >= start) & (local < end), whole)
 
@@ -423,7 +427,7 @@ def _filter_block32(scratch, parts, block, REGION: tl.constexpr, REGIONS_AT: tl.
     highest = tl.full((), -1, tl.int32)  # the probe's tokens' highest low half, and 0xFFFF less their lowest
     lowest = tl.full((), -1, tl.int32)
     for part in tl.static_range(len(parts)):
-        local = block * BLOCK + part * PART + tl.arange(0, PART // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+        local = block * BLOCK + part * PART + tl.arange(0, PART // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
         order = folded32(parts[part])
         valid = order != NO_SCORE32
         folded = order >> 16  # the word's score less 0x8000
