@@ -7,7 +7,7 @@ import torch
 
 from . import format as fmt
 from .groups.base import DcpGroup
-from .protocol import EXCHANGES, Outputs, RowsOutput, check_impl_scores, resolve_impl
+from .protocol import EXCHANGES, Outputs, RowsOutput, resolve_impl
 from .workspace import DcpTopkWorkspace
 
 LOGIT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -167,14 +167,6 @@ def check_settings(group, *, max_rows, topk, local_topk, max_local_len, interlea
     if group.library_peers and impl != "triton":
         raise ValueError(f"peers reached through NVSHMEM's device library need impl='triton', got {impl!r}")
     return local_topk, impl
-
-
-def check_score_dtype(score_dtype, impl: str, max_local_len: int) -> int:
-    """The scores' bits (``format.score_bits_of``), if ``impl`` ranks them
-    for rows of ``max_local_len`` tokens."""
-    score_bits = fmt.score_bits_of(score_dtype)
-    check_impl_scores(impl, score_bits, max_local_len)
-    return score_bits
 
 
 def check_stage(workspace, logits, row_ends, num_rows: int, ids_out, rows, sorted,

@@ -40,13 +40,11 @@ def init_dcp_topk_merge(
     of every wait; pdl: launch each kernel as a programmatic dependent of
     the one before (default: on GPUs); score_dtype: None ranks scores in
     their own bf16 or fp16 order (fp32 logits rounded to bf16 first), or
-    torch.float32 in the exact fp32 order of any float logits (with impl
-    "triton", max_local_len at most 16384 until the wide rows' kernels are
-    verified on a GPU)."""
+    torch.float32 in the exact fp32 order of any float logits."""
     local_topk, impl = checks.check_settings(group, max_rows=max_rows, topk=topk, local_topk=local_topk,
                                              max_local_len=max_local_len, interleave=interleave, impl=impl,
                                              exchange=exchange, timeout_s=timeout_s)
-    score_bits = checks.check_score_dtype(score_dtype, impl, max_local_len)
+    score_bits = fmt.score_bits_of(score_dtype)
     return DcpTopkWorkspace(
         group, max_rows=max_rows, topk=topk, local_topk=local_topk, max_local_len=max_local_len,
         interleave=interleave, impl=impl, exchange=exchange, timeout_s=float(timeout_s),
@@ -71,7 +69,7 @@ def dcp_topk_pack(
     checks.check_int("local_topk", local_topk, fmt.WARP, None, fmt.WARP)
     checks.check_int("max_local_len", max_local_len, 1, fmt.MAX_LOCAL_LEN)
     impl = resolve_impl(impl, logits.device)
-    score_bits = checks.check_score_dtype(score_dtype, impl, max_local_len)
+    score_bits = fmt.score_bits_of(score_dtype)
     words = fmt.packed_row_words(local_topk, fmt.num_planes(max_local_len), score_bits)
     out = checks.packed_out(out, rows, words, logits.device)
     starts = row_starts[:rows] if row_starts is not None else None
@@ -98,7 +96,7 @@ def dcp_topk_pack_indices(
     checks.check_int("local_idx.shape[1]", local_idx.shape[1], fmt.WARP, None, fmt.WARP)
     checks.check_int("max_local_len", max_local_len, 1, fmt.MAX_LOCAL_LEN)
     impl = resolve_impl(impl, logits.device)
-    score_bits = checks.check_score_dtype(score_dtype, impl, max_local_len)
+    score_bits = fmt.score_bits_of(score_dtype)
     words = fmt.packed_row_words(local_idx.shape[1], fmt.num_planes(max_local_len), score_bits)
     out = checks.packed_out(out, rows, words, logits.device)
     pdl = checks.check_pdl(pdl, out.device)

@@ -96,27 +96,6 @@ def backend(impl: str):
     return ReferenceBackend() if impl == "reference" else TritonBackend()
 
 
-# Exact fp32 order on rows wider than kernels.pack.SHORT_ROWS runs on the
-# spread pipeline, bit-exact with the reference under the interpreter; its
-# radix steps (rows whose sample misleads the estimate) have not yet run on
-# a GPU in their present form, so the API refuses it until they have (the
-# GPU tests turn it on).
-WIDE_FP32_ON_TRITON = False
-
-
-def check_impl_scores(impl: str, score_bits: int, max_local_len: int) -> None:
-    """Exact fp32 order (32-bit scores) on the Triton kernels takes rows of
-    at most ``kernels.pack.SHORT_ROWS`` local tokens unless
-    WIDE_FP32_ON_TRITON; the reference takes any."""
-    if impl == "triton" and score_bits == 32 and not WIDE_FP32_ON_TRITON:
-        from .kernels.pack import SHORT_ROWS
-
-        if max_local_len > SHORT_ROWS:
-            raise ValueError(f"score_dtype=torch.float32 (exact fp32 order) with impl='triton' needs max_local_len "
-                             f"<= {SHORT_ROWS} until its wide rows' kernels are verified on a GPU, got "
-                             f"{max_local_len}; impl='reference' takes any")
-
-
 class ReferenceBackend:
     """The protocol in eager torch (host-side bounded waits; syncs freely)."""
 

@@ -32,7 +32,6 @@ def pack_kernels(request, monkeypatch):
 
     if request.param == "spread":
         monkeypatch.setattr(pack, "SHORT_ROWS", 0)
-        monkeypatch.setattr(nt.protocol, "WIDE_FP32_ON_TRITON", True)  # the API's gate on them: these tests lift it
     return request.param
 
 
@@ -890,13 +889,12 @@ def test_gpu_serving_shapes_match_reference_and_oracle(world_size, rows, width, 
 @pytest.mark.parametrize("world_size,rows,width,topk", [
     (2, 64, 65536, 2048), (8, 16, 131072, 2048), (4, 4, (1 << 17) + 1000, 2048), (4, 16, 32768, 3000),
 ])
-def test_gpu_fp32_order_on_wide_rows_matches_reference_and_oracle(world_size, rows, width, topk, monkeypatch):
+def test_gpu_fp32_order_on_wide_rows_matches_reference_and_oracle(world_size, rows, width, topk):
     """Exact fp32 order through the wide rows' pipeline: scores that bf16
     cannot rank (row 0 all in one bf16 level), a saturated rank, a row of
     one value, short rows, windows."""
     from nvshmem_topk.testing import shard, sub_bf16_scores
 
-    monkeypatch.setattr(nt.protocol, "WIDE_FP32_ON_TRITON", True)  # the API's gate: this test is what lifts it
     gen = torch.Generator().manual_seed(world_size * rows)
     logits = shard(sub_bf16_scores(rows, world_size * width, gen), world_size, 1)
     logits[0, 1, : topk * 2] += 6.0  # rank 0 saturated on row 1
