@@ -6,9 +6,9 @@ the scores.
 
 A call at most SHORT_ROWS tokens wide (a 128K context over 8 ranks) takes
 one kernel, a program per row (``row_kernel``): the row in registers, its
-threshold from six counts (``bisected_threshold``), then one ordered
-compaction. Scores in exact fp32 order (32-bit words) take it too, with
-six counts more, on the boundary level's low halves.
+threshold from sixteen counts, one a bit, then one ordered compaction.
+Scores in exact fp32 order (32-bit words) take it too, with sixteen counts
+more, on the boundary level's low halves.
 
 Wider calls take the four kernels of ``spread``, where no program walks a
 row (32-bit scores are sampled and filtered by their top halves). Whatever

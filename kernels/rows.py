@@ -142,64 +142,43 @@ def line_positions(flags):
 
 
 @triton.jit
-def _reached(pairs, level):
-    """Per int32 of two levels (16-bit fields), 1 in each field whose level
-    is >= ``level``: level + 0x8000 - ``level`` sets the field's top bit
-    iff it is, and never carries out of it."""
-    return ((pairs + (0x8000 - level) * 0x10001) >> 15) & 0x10001
-
-
-@triton.jit
 def bisected_threshold(score, need, lowest, highest):
     """(t, above): the largest ord16 t with at least ``need`` of the ``score``s
     (any shape, 0 for invalid tokens) >= t, 0 when fewer are valid; and how
-    many are above t, the count of the last candidate that failed (the
-    bits below it all set, it was t + 1), so that no reduction counts them
-    again. Three bits a step, from the top: a step counts the scores at or
-    above each of its candidates t + d * unit, d = 1 to 8, in one
-    reduction (a step costs the reduction's latency more than its
-    compares; a histogram pass, tl.histogram, costs several times as
-    much). d = 8 is the last candidate that failed, or one past the top:
-    it fails, so the failing counts are never empty and their highest, the
-    lowest failing candidate's, is ``above``. Every valid score lies in
+    many are above t, the count of the last bit that failed (its candidate
+    was t + 1: the bits below it were all set), so that no reduction counts
+    them again. One count a bit, from the top: a histogram pass
+    (tl.histogram takes a warp ballot per bit of the bin, and more to
+    combine them) costs several times as much. Every valid score lies in
     [``lowest``, ``highest``], and when ``lowest`` > 0 at least ``need`` are
-    valid, so a step whose answer the bounds give counts nothing. The
-    fifteen bits above the last compare levels (the score without its last
-    bit: even candidates) two to an int32 (``_reached``); the last bit
+    valid, so a bit whose answer the bounds give is not counted. The first
+    fifteen compare levels (the score without its last bit: even candidates)
+    two to an int32, a 16-bit field each: level + 0x8000 - c sets the
+    field's top bit iff level >= c, and never carries out of it; the last
     compares whole scores."""
-    even, odd = tl.split(tl.reshape(score >> 1, (score.numel // 2, 2), can_reorder=True))  # counts need no order
+    level = tl.reshape(score >> 1, (score.numel // 2, 2), can_reorder=True)  # counts need no order
+    even, odd = tl.split(level)
     pairs = even | (odd << 16)
     score = tl.reshape(score, (score.numel,), can_reorder=True)
     threshold = tl.zeros((), dtype=tl.int32)
-    above = tl.zeros((), dtype=tl.int32)  # no candidate failed: none is above t
-    for low_bit in tl.static_range(13, 0, -3):  # the levels' bits, three at a time
-        unit = 1 << low_bit
-        if threshold + 7 * unit <= lowest:
-            threshold += 7 * unit
-        elif threshold + unit <= highest:
-            level, step = threshold >> 1, unit >> 1
-            # the eight candidates' counts side by side in each thread ([..., 2, 2, 2]), reduced at once
-            reached = tl.join(tl.join(tl.join(_reached(pairs, level + step), _reached(pairs, level + 2 * step)),
-                                      tl.join(_reached(pairs, level + 3 * step), _reached(pairs, level + 4 * step))),
-                              tl.join(tl.join(_reached(pairs, level + 5 * step), _reached(pairs, level + 6 * step)),
-                                      tl.join(_reached(pairs, level + 7 * step), _reached(pairs, level + 8 * step))))
-            fields = tl.sum(reached, axis=0)  # each field <= ROW / 2
-            reached = (fields & 0xFFFF) + (fields >> 16)
-            threshold += tl.sum(tl.sum(tl.sum((reached >= need).to(tl.int32), axis=0), axis=0), axis=0) * unit
-            above = tl.max(tl.max(tl.max(tl.where(reached < need, reached, -1), axis=0), axis=0), axis=0)
+    above = tl.zeros((), dtype=tl.int32)  # no bit failed: none is above t
+    for bit in tl.static_range(15, -1, -1):
+        candidate = threshold | (1 << bit)
+        if candidate <= lowest:
+            threshold = candidate
+        elif candidate <= highest:
+            if bit > 0:
+                reached = ((pairs + (0x8000 - (candidate >> 1)) * 0x10001) >> 15) & 0x10001  # bit 31 lands on 16
+                fields = tl.sum(reached, axis=0)  # each field at most ROW / 2
+                reached = (fields & 0xFFFF) + (fields >> 16)
+            else:
+                reached = tl.sum((score >= candidate).to(tl.int32), axis=0)
+            if reached >= need:
+                threshold = candidate
+            else:
+                above = reached
         else:
             above = tl.zeros((), dtype=tl.int32)
-    candidate = threshold | 1
-    if candidate <= lowest:
-        threshold = candidate
-    elif candidate <= highest:
-        reached = tl.sum((score >= candidate).to(tl.int32), axis=0)
-        if reached >= need:
-            threshold = candidate
-        else:
-            above = reached
-    else:
-        above = tl.zeros((), dtype=tl.int32)
     return threshold, above
 
 

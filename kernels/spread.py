@@ -16,7 +16,7 @@ so no program walks a row:
 3. finish (a program per span of up to MAX_SPAN blocks) settles each row
    from the counts summed over its blocks, the same way in every program:
    - listed: n <= candidates <= ROOM, or every valid token is one. The first
-     span's program selects from them in registers (``bisected_threshold``).
+     span's program selects from them in registers, a count a bit.
    - exact: the probe is the threshold (fewer than n above it, n at or
      above it), or every valid token is taken. Each block with tokens to
      keep writes them at its place in the row, from the earlier counts:
@@ -396,8 +396,7 @@ def _part_tokens(row_ptr, block, part, window):
     4]), NaN outside the row's valid tokens ``window`` = (start, end). A
     line of 4 fp32 is one 16-byte load, one thread's: the sums and scans
     over a line stay in the thread, and the scan over lines needs no
-    layout conversion (lines of 8 spanned two threads: 127 barriers a
-    block, where 55 now)."""
+    layout conversion through shared memory."""
     start, end = window
     local = block * BLOCK + part * PART + tl.arange(0, PART // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
     whole = (block * BLOCK >= start) & ((block + 1) * BLOCK <= end)

@@ -535,8 +535,8 @@ def test_filter_threshold_keeps_a_threshold_set(whole, device):
 
 @needs_triton
 def test_bisected_threshold_is_the_need_th_largest_score(device):
-    """The threshold of the short rows and of the finish's candidates (three
-    bits a count, the first fifteen on two levels an int32; the finish's
+    """The threshold of the short rows and of the finish's candidates (a
+    count a bit, the first fifteen on two levels an int32; the finish's
     bounded by the candidates' lowest and highest scores), and how many
     scores are above it, against their definitions: scores spread from the
     least valid ord16 to +inf (both present), half of them masked,
