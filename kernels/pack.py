@@ -52,7 +52,7 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
     words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
     second: tl.constexpr = ROW // (SCORE_BITS // 16)  # where the part holding the second half starts
     row = tl.program_id(0).to(tl.int64)
-    line: tl.constexpr = 128 // SCORE_BITS  # adjacent tokens a thread holds: 16 bytes of fp32, or 8 bf16
+    line: tl.constexpr = 128 // SCORE_BITS  # adjacent tokens a thread holds: 16 bytes of fp32 or of bf16 logits
     local = tl.arange(0, second // line)[:, None] * line + tl.arange(0, line)[None, :]
     row_ptrs = logits_ptr + row * logits_stride + local
     if LIST:  # the scores were written before the pack, two kernels back: read while the select runs

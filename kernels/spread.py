@@ -391,14 +391,20 @@ PART = tl.constexpr(BLOCK.value // 4)  # tokens a step of the 32-bit filter take
 
 
 @triton.jit
+def _part_ids(block, part):
+    """The local ids of part ``part`` of a block, as [PART / 4, 4]: a line
+    of 4 fp32 is one 16-byte load, one thread's, so the sums and scans over
+    a line stay in the thread, and the scan over lines needs no layout
+    conversion through shared memory."""
+    return block * BLOCK + part * PART + tl.arange(0, PART // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+
+
+@triton.jit
 def _part_tokens(row_ptr, block, part, window):
-    """The scores of part ``part`` of a block (PART tokens, as [PART / 4,
-    4]), NaN outside the row's valid tokens ``window`` = (start, end). A
-    line of 4 fp32 is one 16-byte load, one thread's: the sums and scans
-    over a line stay in the thread, and the scan over lines needs no
-    layout conversion through shared memory."""
+    """The scores of part ``part`` of a block (``_part_ids``), NaN outside
+    the row's valid tokens ``window`` = (start, end)."""
     start, end = window
-    local = block * BLOCK + part * PART + tl.arange(0, PART // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    local = _part_ids(block, part)
     whole = (block * BLOCK >= start) & ((block + 1) * BLOCK <= end)
     return load_tokens(row_ptr + local, (local >= start) & (local < end), whole)
 
@@ -426,7 +432,7 @@ def _filter_block32(scratch, parts, block, REGION: tl.constexpr, REGIONS_AT: tl.
     highest = tl.full((), -1, tl.int32)  # the probe's tokens' highest low half, and 0xFFFF less their lowest
     lowest = tl.full((), -1, tl.int32)
     for part in tl.static_range(len(parts)):
-        local = block * BLOCK + part * PART + tl.arange(0, PART // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        local = _part_ids(block, part)
         order = folded32(parts[part])
         valid = order != NO_SCORE32
         folded = order >> 16  # the word's score less 0x8000
