@@ -18,13 +18,14 @@
 #            branch staged by scripts/stage_branches.sh (carry .branches; not in the default run)
 #   primitives  the latency of Triton's block-wide steps in one program (scripts/bench_primitives.py; not in
 #            the default run)
-#   profile  Nsight Compute over one simulated merge (scripts/profile_kernels.py; not in the default run),
-#            with each kernel's SASS instruction counts and stall samples (scripts/sass_summary.py)
+#   profile  Nsight Compute over one simulated merge, or what PROFILE_ARGS names (scripts/profile_kernels.py;
+#            not in the default run), with each kernel's SASS instruction counts and stall samples
+#            (scripts/sass_summary.py)
 # Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
 # Logs and results go under $OUT.
 #   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [serving] [cli] [launch] [branches]
 #        [primitives] [profile]
-#        (BENCH_ARGS narrows the kernel benchmark, MERGE_ARGS the merge one, TEST_FILES and TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
+#        (BENCH_ARGS narrows the kernel benchmark, MERGE_ARGS the merge one, PROFILE_ARGS the profile, TEST_FILES and TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4294967296}  # the merge benchmark keeps 36 workspaces
@@ -93,11 +94,11 @@ for step in $STEPS; do
       timeout 300 python3 scripts/bench_primitives.py 2>&1 | grep -v -i warn | tee "$OUT/primitives.log" ;;
     profile)  # --clock-control none: leave the GPU's clocks as they are
       { timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes \
-          -o "$OUT/kernels" -f python3 scripts/profile_kernels.py
+          -o "$OUT/kernels" -f python3 scripts/profile_kernels.py ${PROFILE_ARGS:-}
         timeout 120 ncu --import "$OUT/kernels.ncu-rep" --print-summary per-kernel
         timeout 120 ncu --import "$OUT/kernels.ncu-rep" --page details --csv > "$OUT/profile_details.csv"
         mkdir -p /tmp/sass  # per-instruction SASS counts and stall samples, one kernel each (scripts/sass_summary.py)
-        for kernel in estimate filter finish radix_low radix_write select rescue; do
+        for kernel in estimate filter finish radix row select rescue; do
           timeout 60 ncu --import "$OUT/kernels.ncu-rep" --page source --print-source sass --csv -k "regex:$kernel" \
             -c 1 > "/tmp/sass/$kernel.csv" && python3 scripts/sass_summary.py "/tmp/sass/$kernel.csv"
         done

@@ -1,9 +1,9 @@
-"""One merge at the 2-GPU target shape, for Nsight Compute: everything
-compiles and runs once first, then only the calls between cudaProfilerStart
-and cudaProfilerStop are profiled.
+"""One merge at the 2-GPU target shape, or one pack (``--pack N``), for
+Nsight Compute: everything compiles and runs once first, then only the
+calls between cudaProfilerStart and cudaProfilerStop are profiled.
 
     ncu --clock-control none --profile-from-start off --set full -o kernels -f \
-        python3 scripts/profile_kernels.py [--world-size 2 --rows 64 --width 65536]
+        python3 scripts/profile_kernels.py [--world-size 2 --rows 64 --width 65536] [--pack 384]
 
 The merge runs on a simulated group of W ranks on this GPU: each rank's
 pack (three kernels, the finish pushing), select and rescue, stage by stage, so every
@@ -26,8 +26,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--width", type=int, default=65536)
     parser.add_argument("--topk", type=int, default=2048)
+    parser.add_argument("--pack", type=int, metavar="N",
+                        help="profile one pack of N tokens a row over [rows, width] i.i.d. normal bf16 scores instead")
     args = parser.parse_args()
     dev = torch.device("cuda")
+    if args.pack:
+        profile_pack(args.rows, args.width, args.pack, dev)
+        return
     world, rows, width, k = args.world_size, args.rows, args.width, args.topk
     n = default_local_topk(k, world)
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -43,6 +48,20 @@ def main() -> None:
     exact = torch.equal(merge.ids, nt.simulate_dcp_topk_merge(logits, ends, topk=k, impl="reference"))
     print(f"W={world} T={rows} S={width} K={k} N={n}: one merge profiled, exact={exact}")
     merge.destroy()
+
+
+def profile_pack(rows: int, width: int, n: int, dev: torch.device) -> None:
+    logits = torch.randn(rows, width, device=dev, generator=torch.Generator(device=dev).manual_seed(0)).bfloat16()
+    ends = torch.full((rows,), width, dtype=torch.int32, device=dev)
+    pack = lambda: nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=width, impl="triton")  # noqa: E731
+    pack()  # compiles every kernel
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    out = pack()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    exact = torch.equal(out, nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=width, impl="reference"))
+    print(f"T={rows} S={width} N={n}: one pack profiled, exact={exact}")
 
 
 if __name__ == "__main__":
