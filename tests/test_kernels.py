@@ -285,7 +285,9 @@ def test_pack_every_path_matches_reference(score_bits, monkeypatch, device):
         assert torch.equal(got.cpu(), want), name
         assert scratch[:, spread.MODE.value].tolist() == [mode] * logits.shape[0], name
         assert not arrivals.any(), name
-    # A room of 256 for about 200 candidates: the select holds nearly all of it.
+        if name == "listed":  # the select's tile of half the room
+            assert (_listed(scratch, logits.shape[1]) <= spread.plan(k, logits.shape[1], score_bits).room // 2).all()
+    # A room of 256 for about 200 candidates: the select holds nearly all of it (its tile of the whole room).
     m = 96
     planned = spread.plan(m, width, score_bits)
     full = spread.Plan(n=m, room=256, groups=planned.groups, blocks_p2=planned.blocks_p2, score_bits=score_bits)
@@ -298,9 +300,16 @@ def test_pack_every_path_matches_reference(score_bits, monkeypatch, device):
     pack.pack(got, logits.to(device), None, ends.to(device), local_topk=m, max_local_len=width,
               scratch=(scratch, arrivals), score_bits=score_bits)
     assert torch.equal(got.cpu(), want)
-    fields = spread.COUNT_FIELDS.value
-    listed = scratch[:, spread.HEADER.value + 1: spread.HEADER.value + 4 * fields: fields].sum(dim=1)
+    listed = _listed(scratch, width)
     assert ((listed > full.room // 2) & (scratch[:, spread.MODE.value] == spread.LISTED.value)).all(), listed
+
+
+def _listed(scratch, width):
+    """Each row's candidates, summed over its blocks' counts in the pipeline's scratch."""
+    from nvshmem_topk.kernels import spread
+
+    fields, blocks = spread.COUNT_FIELDS.value, -(-width // spread.BLOCK.value)
+    return scratch[:, spread.HEADER.value + 1: spread.HEADER.value + blocks * fields: fields].sum(dim=1)
 
 
 def _pushed_list(logits, floors, n, max_local_len, device, score_bits=16):
