@@ -68,7 +68,7 @@ MAX_GROUPS = 4096 // GROUP.value  # the estimate samples at most 4096 tokens
 SAMPLE_RANK = tl.constexpr(256)  # the sample is sized to hold about this many of the row's top-n
 MAX_ROOM = 8192  # candidates the finish holds in registers (16 a thread at its widest)
 SIGMAS = tl.constexpr(4)  # the estimate's margin, in standard deviations of the sample's count
-SAMPLE_BINS = tl.constexpr(64)  # the estimate's histograms (their cost grows with their bins)
+SAMPLE_BINS = tl.constexpr(128)  # the estimate's histograms: their cost grows with their bins, their reach too
 
 
 
