@@ -17,6 +17,9 @@ import sys
 
 def main(path: str) -> None:
     table = list(csv.reader(open(path)))
+    if len(table) < 2:  # the report holds no such kernel
+        print(f"{path}: no kernel")
+        return
     header, rows = table[1], table[2:]  # line 0 names the kernel
     executed, sampled = header.index("Instructions Executed"), header.index("Warp Stall Sampling (All Samples)")
     stalls = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
