@@ -53,14 +53,17 @@ def main() -> None:
 def profile_pack(rows: int, width: int, n: int, dev: torch.device) -> None:
     logits = torch.randn(rows, width, device=dev, generator=torch.Generator(device=dev).manual_seed(0)).bfloat16()
     ends = torch.full((rows,), width, dtype=torch.int32, device=dev)
-    pack = lambda: nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=width, impl="triton")  # noqa: E731
-    pack()  # compiles every kernel
+
+    def pack(impl: str) -> torch.Tensor:
+        return nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=width, impl=impl)
+
+    pack("triton")  # compiles every kernel
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    out = pack()
+    out = pack("triton")
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    exact = torch.equal(out, nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=width, impl="reference"))
+    exact = torch.equal(out, pack("reference"))
     print(f"T={rows} S={width} N={n}: one pack profiled, exact={exact}")
 
 
