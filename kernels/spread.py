@@ -872,13 +872,14 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
             tl.store(scratch + MODE, mode)
         if mode == LISTED:
             if span == 0:
+                floor = tl.load(scratch + FLOOR)
                 # a tile twice the candidates costs twice the instructions: most rows fit half the room
                 if tl.sum(listed, axis=0) <= ROOM // 2:
-                    _select_listed(out_ptr + offset, lows, scratch + REGIONS_AT, region_lows, listed,
-                                   tl.load(scratch + FLOOR), N, PLANES, BLOCKS_P2, REGION, ROOM // 2, SCORE_BITS)
+                    _select_listed(out_ptr + offset, lows, scratch + REGIONS_AT, region_lows, listed, floor, N,
+                                   PLANES, BLOCKS_P2, REGION, ROOM // 2, SCORE_BITS)
                 else:
-                    _select_listed(out_ptr + offset, lows, scratch + REGIONS_AT, region_lows, listed,
-                                   tl.load(scratch + FLOOR), N, PLANES, BLOCKS_P2, REGION, ROOM, SCORE_BITS)
+                    _select_listed(out_ptr + offset, lows, scratch + REGIONS_AT, region_lows, listed, floor, N,
+                                   PLANES, BLOCKS_P2, REGION, ROOM, SCORE_BITS)
                 _publish(out_ptr, offset, row, peers, sat_ptr, rank, N, PLANES, WORLD, LIST, KAPPA_SHIFT,
                          LIBRARY_PEERS, SCORE_BITS)
         elif mode == EXACT:
