@@ -867,12 +867,12 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
         region_lows = _region_lows(scratch, LOWS_AT, SCORE_BITS)
         window = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
         blocks = tl.cdiv(tl.maximum(width_limit, 1), BLOCK)
+        floor = tl.load(scratch + FLOOR)  # read beside the counts: the first span's select waits for both
         mode, listed, threshold, quota, greater, equal = _settle(scratch, blocks, N, ROOM, BLOCKS_P2, SCORE_BITS)
         if span == 0:
             tl.store(scratch + MODE, mode)
         if mode == LISTED:
             if span == 0:
-                floor = tl.load(scratch + FLOOR)
                 # a tile twice the candidates costs twice the instructions: most rows fit half the room
                 if tl.sum(listed, axis=0) <= ROOM // 2:
                     _select_listed(out_ptr + offset, lows, scratch + REGIONS_AT, region_lows, listed, floor, N,
