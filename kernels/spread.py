@@ -207,19 +207,23 @@ def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
 
 @triton.jit
 def _sample_boundaries(hist, r, r_lo):
-    """``radix_boundary(hist, r)`` and the bucket of ``radix_boundary(hist,
-    r_lo)``, from one scan and one reduction of a histogram of at most 2^13
-    sampled tokens (r <= r_lo): four fields of an int64, the buckets that
-    reach r and r_lo (at most 256 each, bits 0-8 and 9-17), the count above
-    the first (bits 18-31) and in its last bucket (bits 32-45)."""
+    """``radix_boundary(hist, r)`` and ``radix_boundary(hist, r_lo)``'s
+    bucket and count in it, from one scan and one reduction of a histogram
+    of at most 2^13 sampled tokens (r <= r_lo): five fields of an int64,
+    the buckets that reach r and r_lo (at most 256 each, bits 0-8 and
+    9-17), the count above the first (bits 18-31), in its bucket (bits
+    32-45) and in the second's (bits 46-59)."""
     at_or_above = tl.cumsum(hist, axis=0, reverse=True)
     reaching = at_or_above >= r
     last = reaching & (at_or_above - hist < r)
-    fields = tl.sum(reaching.to(tl.int64) | ((at_or_above >= r_lo).to(tl.int64) << 9)
-                    | (tl.where(reaching, 0, hist).to(tl.int64) << 18) | (tl.where(last, hist, 0).to(tl.int64) << 32),
-                    axis=0)
-    return ((fields & 0x1FF).to(tl.int32) - 1, ((fields >> 18) & 0x3FFF).to(tl.int32), (fields >> 32).to(tl.int32),
-            ((fields >> 9) & 0x1FF).to(tl.int32) - 1)
+    reaching_lo = at_or_above >= r_lo
+    last_lo = reaching_lo & (at_or_above - hist < r_lo)
+    fields = tl.sum(reaching.to(tl.int64) | (reaching_lo.to(tl.int64) << 9)
+                    | (tl.where(reaching, 0, hist).to(tl.int64) << 18) | (tl.where(last, hist, 0).to(tl.int64) << 32)
+                    | (tl.where(last_lo, hist, 0).to(tl.int64) << 46), axis=0)
+    return ((fields & 0x1FF).to(tl.int32) - 1, ((fields >> 18) & 0x3FFF).to(tl.int32),
+            ((fields >> 32) & 0x3FFF).to(tl.int32), ((fields >> 9) & 0x1FF).to(tl.int32) - 1,
+            (fields >> 46).to(tl.int32))
 
 
 @triton.jit
@@ -244,7 +248,8 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
     one just below it, holds more sampled tokens than r_lo + 16 (ties: few
     levels, zeros, masked tails), it is the probe and the floor moves above
     it; otherwise the probe is the r-th score where more than 8 sampled
-    tokens share its level, else none."""
+    tokens share its level, else none. Single scores are counted only in a
+    bin of more than 8 sampled tokens: most rows count none."""
     base = start // GROUP * GROUP
     length = end - base
     groups = tl.minimum((SAMPLE_RANK * length + GROUP * N - 1) // (GROUP * N), tl.minimum(length // GROUP, GROUPS))
@@ -264,7 +269,7 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
     r_lo = r + tl.ceil(tl.sqrt(2.0 * r.to(tl.float32)) * SIGMAS).to(tl.int32) + SIGMAS
     top = tl.max(tl.where(valid, score >> 1, 0), axis=0)
     hist = tl.histogram(near_bin(top, score >> 1, SAMPLE_BINS), SAMPLE_BINS, mask=valid)
-    bucket, above, in_level, low_bucket = _sample_boundaries(hist, r, r_lo)
+    bucket, above, in_level, low_bucket, in_low_bucket = _sample_boundaries(hist, r, r_lo)
     bottom = tl.zeros((), dtype=tl.int32)
     if low_bucket == 0:  # rank r_lo lies past the fine levels: is it a tie at the lowest score (zeros, -inf)?
         bottom = tl.min(tl.where(valid, score, 0xFFFF), axis=0)
@@ -284,21 +289,25 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
             if low_bucket == 0:
                 shift += 4 + 2 * coarser  # levels of 32 scores, then of 2048: the whole range
                 low_top = below >> (shift - 1)  # the anchor level's group: shifts keep the maximum
-                low_bucket, _, _ = radix_boundary(
+                low_bucket, _, in_low_bucket = radix_boundary(
                     tl.histogram(near_bin(low_top, score >> shift, SAMPLE_BINS), SAMPLE_BINS, mask=valid), r_lo)
         floor_level = low_top - (SAMPLE_BINS - 1) + low_bucket
-        most = tl.max(tl.where(valid & ((score >> shift) == floor_level), score, 0), axis=0)
-        upper = (top - (SAMPLE_BINS - 1) + bucket) * 2 + 1
-        counts = tl.sum((valid & (score == upper)).to(tl.int64) | ((valid & (score == most)).to(tl.int64) << 16)
-                        | ((valid & (score == most - 1)).to(tl.int64) << 32), axis=0)
-        probe = tl.where(r - above <= (counts & 0xFFFF).to(tl.int32), upper, upper - 1)
-        probe = tl.where((bucket > 0) & (in_level > 8), probe, 0)
         floor = tl.where(low_bucket >= 0, floor_level << shift, 0)
-        at_most = ((counts >> 16) & 0xFFFF).to(tl.int32)
-        below_most = (counts >> 32).to(tl.int32)
-        if (low_bucket >= 0) & (tl.maximum(at_most, below_most) > r_lo + 16):
-            probe = tl.where(at_most >= below_most, most, most - 1)
-            floor = (probe + 2) & ~1
+        probe = tl.zeros((), dtype=tl.int32)
+        # Single scores are counted only in a bin that holds enough sampled
+        # tokens for a tie.
+        if (bucket > 0) & (in_level > 8):  # the r-th score: its level's upper or lower score
+            upper = (top - (SAMPLE_BINS - 1) + bucket) * 2 + 1
+            probe = tl.where(r - above <= tl.sum((valid & (score == upper)).to(tl.int32), axis=0), upper, upper - 1)
+        if (low_bucket >= 0) & (in_low_bucket > 8):  # the floor's bin: its highest score or the one below it
+            most = tl.max(tl.where(valid & ((score >> shift) == floor_level), score, 0), axis=0)
+            counts = tl.sum((valid & (score == most)).to(tl.int32) | ((valid & (score == most - 1)).to(tl.int32) << 16),
+                            axis=0)
+            at_most = counts & 0xFFFF
+            below_most = counts >> 16
+            if tl.maximum(at_most, below_most) > r_lo + 16:
+                probe = tl.where(at_most >= below_most, most, most - 1)
+                floor = (probe + 2) & ~1
     return probe, floor
 
 
