@@ -14,8 +14,9 @@
 #   cli      the console script: info, check, bench with its plot, and the demo under torchrun
 #   launch   the demo started by MPICH's mpiexec (Hydra, PMI-1): NVSHMEM's PMI bootstrap, then over mpi4py
 #   branches the kernel benchmark (BENCH_ARGS, default the pack at three shapes), the select alone at
-#            W = 2 to 16 (scripts/bench_select.py) and a short merge benchmark of this checkout and of each
-#            branch staged by scripts/stage_branches.sh (carry .branches; not in the default run)
+#            W = 2 to 16 (scripts/bench_select.py; BRANCH_SELECT=0 leaves it out) and a short merge benchmark
+#            of this checkout and of each branch staged by scripts/stage_branches.sh (carry .branches; not in
+#            the default run)
 #   primitives  the latency of Triton's block-wide steps in one program (scripts/bench_primitives.py; not in
 #            the default run)
 #   profile  Nsight Compute over one simulated merge, or what PROFILE_ARGS names (scripts/profile_kernels.py;
@@ -85,7 +86,7 @@ for step in $STEPS; do
         echo "## $name"
         PYTHONPATH=$path timeout "${BENCH_TIMEOUT:-240}" python3 scripts/bench_kernels.py \
           --out "/tmp/branches/$name.json" ${BENCH_ARGS:---skip-merge --shapes 64x16384 8x131072 64x131072}
-        PYTHONPATH=$path timeout 150 python3 scripts/bench_select.py
+        [ "${BRANCH_SELECT:-1}" = 1 ] && PYTHONPATH=$path timeout 150 python3 scripts/bench_select.py
         [ "$GPUS" -ge 2 ] && PYTHONPATH=$path timeout "${MERGE_TIMEOUT:-300}" torchrun --nproc-per-node "$GPUS" \
           scripts/bench_merge.py --rows 1 64 --widths 16384 65536 --iters 100 --out "/tmp/branches/${name}_merge.json"
       done 2>&1 | grep -v -i warn | tee "$OUT/branches.log"
