@@ -195,8 +195,10 @@ def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, s
         row = max(triton.next_power_of_2(min(max_local_len, SHORT_ROWS)), 1024)
         return [Launch(row_kernel, (rows,), (out, rows_arg, limit, peers_arg),
                        dict(target, ROW=row, **peers), ROW_WARPS)]
-    pairs = (score_bits == 16 and logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0
-             and logits.data_ptr() % 4 == 0)
+    if score_bits == 32:
+        pairs = logits.dtype == torch.float32  # the scores' top halves paired
+    else:
+        pairs = logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0 and logits.data_ptr() % 4 == 0
     return spread.launches(out, scratch, rows_arg, peers_arg, limit, n=n, max_local_len=max_local_len, pairs=pairs,
                            target=target, peers=peers)
 

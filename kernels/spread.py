@@ -501,20 +501,48 @@ def _half_pairs(row_ptr, block, half, start, end):
 
 
 @triton.jit
-def _block_pairs(row_ptr, block, window):
-    """Both halves of a block (``_half_pairs``), loaded at once; ``window``:
-    the row's valid tokens (start, end)."""
-    start, end = window
-    pair_0, w_0 = _half_pairs(row_ptr, block, 0, start, end)
-    pair_1, w_1 = _half_pairs(row_ptr, block, 1, start, end)
-    return pair_0, w_0, pair_1, w_1
+def _half_pairs32(row_ptr, block, half, start, end):
+    """``_half_pairs`` of an fp32 row, as [HALF / 4, 2] (a thread loads 4
+    tokens, 16 bytes, at once): (int32 pairs of the tokens' top halves,
+    their fp32 cut to bf16, whose ord16 are the words' scores; pairs of the
+    low halves of their fp32 orders; word ids). A NaN's top half is made
+    bf16's NaN, which an fp32 NaN's need not be."""
+    t = block * BLOCK + half * HALF + tl.arange(0, HALF // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    ptrs = row_ptr.to(tl.pointer_type(tl.int32)) + t
+    if (block * BLOCK >= start) & ((block + 1) * BLOCK <= end):
+        bits = tl.load(ptrs)
+    else:
+        bits = tl.load(ptrs, mask=(t >= start) & (t < end), other=0x7FC00000)
+    bits = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7FC00000, bits)
+    even, odd = tl.split(tl.reshape(bits, (HALF // 4, 2, 2)))  # adjacent tokens, in the thread
+    pair = ((even >> 16) & 0xFFFF) | (odd & -0x10000)
+    low = ((even & 0xFFFF) | (odd << 16)) ^ (((pair >> 15) & 0x10001) * 0xFFFF)  # a negative score's inverted
+    w = tl.split(tl.reshape(t, (HALF // 4, 2, 2)))[0] >> 1
+    return pair, low, w
 
 
 @triton.jit
-def _filter_half(region, pair, w, kept, level_floor, probe, REGION: tl.constexpr):
+def _block_pairs(row_ptr, block, window, SCORE_BITS: tl.constexpr):
+    """Both halves of a block, loaded at once: (pairs, word ids) of each
+    (``_half_pairs``), or with 32-bit scores (pairs, low halves, word ids)
+    of each (``_half_pairs32``); ``window``: the row's valid tokens (start,
+    end)."""
+    start, end = window
+    if SCORE_BITS == 32:
+        halves = _half_pairs32(row_ptr, block, 0, start, end) + _half_pairs32(row_ptr, block, 1, start, end)
+    else:
+        halves = _half_pairs(row_ptr, block, 0, start, end) + _half_pairs(row_ptr, block, 1, start, end)
+    return halves
+
+
+@triton.jit
+def _filter_half(region, lows, pair, low, w, kept, level_floor, probe, REGION: tl.constexpr):
     """One half block of ``_filter_pairs``: its candidates' words from slot
-    ``kept`` of the region; returns (kept, first counts, probe counts)
-    with the half's added. Both tokens of a word at once: its two ord16
+    ``kept`` of the region (with 32-bit scores their low halves ``low``,
+    from slot ``kept`` of ``lows``; else both None); returns (kept, first
+    counts, probe counts, the highest low half of the probe's tokens and
+    0xFFFF less their lowest, -1 for none or 16-bit scores) with the half's
+    added. Both tokens of a word at once: its two ord16
     (``_pair_orders``); a half is NaN iff its magnitude bits pass 0x7F80
     (adding 0x7F sets the half's top bit, and never carries out of it); a
     candidate iff its level (ord16 >> 1) reaches the floor's, in the same
@@ -529,6 +557,8 @@ def _filter_half(region, pair, w, kept, level_floor, probe, REGION: tl.constexpr
     valid = 2 - ((nan >> 15) & 1) - ((nan >> 31) & 1)
     first = tl.sum(tl.sum(valid | (taken << 16), axis=1), axis=0)  # two counts a sum (each < 2^16)
     second = tl.zeros((), dtype=tl.int32)
+    highest = tl.full((), -1, tl.int32)
+    lowest = tl.full((), -1, tl.int32)
     if probe != 0:
         reached = (((order >> 1) & 0x7FFF7FFF) + (0x8000 - ((probe + 1) >> 1)) * 0x10001) & ~nan & -0x7FFF8000
         other = order ^ (probe * 0x10001)  # a half is 0 iff it is the probe (a NaN never is: the probe is valid)
@@ -537,6 +567,12 @@ def _filter_half(region, pair, w, kept, level_floor, probe, REGION: tl.constexpr
         line = tl.sum(((reached >> 15) & 0x10001) | (((equal >> 15) & 0x10001) << 8), axis=1)
         line = (line & 0xFFFF) + ((line >> 16) & 0xFFFF)  # the even and odd tokens' bytes added
         second = tl.sum((line & 0xFF) | ((line & 0xFF00) << 8), axis=0)
+        if low is not None:
+            low_even = tl.where((equal & 0x8000) != 0, low & 0xFFFF, -1)
+            low_odd = tl.where(equal < 0, (low >> 16) & 0xFFFF, -1)
+            highest = tl.max(tl.max(tl.maximum(low_even, low_odd), axis=1), axis=0)
+            lowest = tl.max(tl.max(tl.maximum(tl.where(low_even >= 0, 0xFFFF - low_even, -1),
+                                              tl.where(low_odd >= 0, 0xFFFF - low_odd, -1)), axis=1), axis=0)
     pos = kept + line_positions(taken)
     keep_even = take_even != 0
     keep_odd = take < 0
@@ -546,23 +582,36 @@ def _filter_half(region, pair, w, kept, level_floor, probe, REGION: tl.constexpr
     id_even = 0xFFFF - ((2 * w) & 0xFFFF)
     tl.store(region + pos, (order << 16) | id_even, mask=keep_even)
     tl.store(region + pos + take_even, (order & -0x10000) | (id_even - 1), mask=keep_odd)
-    return kept + (first >> 16), first, second
+    if lows is not None:
+        tl.store(lows + pos, low.to(tl.int16), mask=keep_even)
+        tl.store(lows + pos + take_even, (low >> 16).to(tl.int16), mask=keep_odd)
+    return kept + (first >> 16), first, second, highest, lowest
 
 
 @triton.jit
-def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr):
-    """``_filter_block`` over a block of bf16 read as int32 pairs of tokens
-    (``_half_pairs``), both tokens of a word at once (``_filter_half``), the
-    scans over pairs, half a block at a time (each half loaded before either
-    is filtered). The floor is compared on levels: the candidates are the
-    valid tokens of ord16 >= floor rounded down to even (the estimate's
-    floors are even but for MIN_VALID, and every valid token reaches that)."""
-    first_pair, first_w, second_pair, second_w = pairs
+def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LOWS_AT: tl.constexpr,
+                  SCORE_BITS: tl.constexpr):
+    """``_filter_block`` over a block read as int32 pairs of tokens
+    (``_block_pairs``: of bf16, or of fp32 scores' top halves with their
+    low halves beside them, as ``_filter_block32`` writes them), both
+    tokens of a word at once (``_filter_half``), the scans over pairs, half
+    a block at a time (each half loaded before either is filtered). The
+    floor is compared on levels: the candidates are the valid tokens of
+    ord16 >= floor rounded down to even (the estimate's floors are even but
+    for MIN_VALID, and every valid token reaches that)."""
     level_floor = (0x8000 - (tl.load(scratch + FLOOR) >> 1)) * 0x10001
     probe = tl.load(scratch + PROBE)
     region = scratch + REGIONS_AT + block * REGION
-    kept, first, second = _filter_half(region, first_pair, first_w, 0, level_floor, probe, REGION)
-    kept, first_2, second_2 = _filter_half(region, second_pair, second_w, kept, level_floor, probe, REGION)
+    if SCORE_BITS == 32:
+        first_pair, first_low, first_w, second_pair, second_low, second_w = pairs
+        lows = _region_lows(scratch, LOWS_AT, 32) + block * REGION
+    else:
+        first_pair, first_w, second_pair, second_w = pairs
+        first_low, second_low, lows = None, None, None
+    kept, first, second, highest, lowest = _filter_half(region, lows, first_pair, first_low, first_w, 0,
+                                                        level_floor, probe, REGION)
+    kept, first_2, second_2, highest_2, lowest_2 = _filter_half(region, lows, second_pair, second_low, second_w,
+                                                                kept, level_floor, probe, REGION)
     first += first_2
     reach, above = _probe_counts(second + second_2, probe)
     counts = scratch + HEADER + block * COUNT_FIELDS
@@ -570,6 +619,9 @@ def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.co
     tl.store(counts + 1, first >> 16)
     tl.store(counts + 2, reach)
     tl.store(counts + 3, above)
+    if SCORE_BITS == 32:
+        tl.store(counts + 4, tl.maximum(highest, highest_2))
+        tl.store(counts + 5, tl.maximum(lowest, lowest_2))
 
 
 @triton.jit
@@ -591,8 +643,9 @@ def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_
                   SCORE_BITS: tl.constexpr):
     """One read of the block: its counts and its candidates' words, in
     order, to its region (the first REGION of them: a block with more has
-    more candidates than any row that is settled from them). PAIRS: bf16
-    rows read two tokens a word (``_filter_pairs``; 16-bit scores)."""
+    more candidates than any row that is settled from them). PAIRS: rows
+    read two tokens a word (``_filter_pairs``): bf16, or fp32 with 32-bit
+    scores."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -601,26 +654,26 @@ def filter_kernel(scratch_ptr, rows, width_limit, REGION: tl.constexpr, REGIONS_
     if LIST:  # only the saturated rows, known once the select has run
         after_prior_kernel(PDL)
         if row_target(row, sat_ptr, rank, 1, 1, LIST, SCORE_BITS)[0]:
-            if SCORE_BITS == 32:
+            if PAIRS:
+                _filter_pairs(scratch, _block_pairs(logits_ptr + row * logits_stride, block, window, SCORE_BITS),
+                              block, REGION, REGIONS_AT, LOWS_AT, SCORE_BITS)
+            elif SCORE_BITS == 32:
                 _filter_block32(scratch, _block_parts(logits_ptr + row * logits_stride, block, window), block,
                                 REGION, REGIONS_AT, LOWS_AT)
-            elif PAIRS:
-                _filter_pairs(scratch, _block_pairs(logits_ptr + row * logits_stride, block, window), block, REGION,
-                              REGIONS_AT)
             else:
                 x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
                 _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
-    elif SCORE_BITS == 32:  # read while the estimate runs, as the pairs are
-        parts = _block_parts(logits_ptr + row * logits_stride, block, window)
-        after_prior_kernel(PDL)
-        _filter_block32(scratch, parts, block, REGION, REGIONS_AT, LOWS_AT)
     elif PAIRS:
         # The logits and row ends were written before the estimate, which
         # waited for them before this kernel could launch: the block is read
         # while the estimate still runs, and only its floor waits for it.
-        pairs = _block_pairs(logits_ptr + row * logits_stride, block, window)
+        pairs = _block_pairs(logits_ptr + row * logits_stride, block, window, SCORE_BITS)
         after_prior_kernel(PDL)
-        _filter_pairs(scratch, pairs, block, REGION, REGIONS_AT)
+        _filter_pairs(scratch, pairs, block, REGION, REGIONS_AT, LOWS_AT, SCORE_BITS)
+    elif SCORE_BITS == 32:  # read while the estimate runs, as the pairs are
+        parts = _block_parts(logits_ptr + row * logits_stride, block, window)
+        after_prior_kernel(PDL)
+        _filter_block32(scratch, parts, block, REGION, REGIONS_AT, LOWS_AT)
     else:
         x, local = _block_tokens(logits_ptr, row, logits_stride, block, window)
         after_prior_kernel(PDL)
@@ -1127,8 +1180,8 @@ def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local
              target: dict, peers: dict) -> list[Launch]:
     """The four launches over ``rows_arg``'s rows (``pack.pipeline`` builds
     the arguments; ``target`` holds SCORE_BITS), each compiled for rows of
-    up to ``max_local_len`` tokens; ``pairs``: bf16 rows read two tokens a
-    word (16-bit scores)."""
+    up to ``max_local_len`` tokens; ``pairs``: rows read two tokens a word
+    (bf16; fp32 with 32-bit scores)."""
     rows = rows_arg[0].shape[0]
     words = out.shape[-1]
     listing, pdl, score_bits = target["LIST"], target["PDL"], target["SCORE_BITS"]

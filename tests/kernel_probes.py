@@ -46,7 +46,7 @@ def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.co
     block = tl.program_id(0)
     scratch = scratch_ptr + tl.program_id(1).to(tl.int64) * scratch_stride
     if PAIRS:
-        _filter_pairs(scratch, _block_pairs(x_ptr, block, (0, width)), block, REGION, REGIONS_AT)
+        _filter_pairs(scratch, _block_pairs(x_ptr, block, (0, width), 16), block, REGION, REGIONS_AT, 0, 16)
     else:
         x, local = _block_tokens(x_ptr, 0, 0, block, (0, width))
         _filter_block(scratch, x, local, block, REGION, REGIONS_AT)

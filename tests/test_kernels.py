@@ -229,10 +229,11 @@ def test_pack_every_path_matches_reference(score_bits, monkeypatch, device):
     (ties at the lowest sampled score), still settle from the sample.
     Planes past 2^16, fp32 scores. The filter reads bf16 rows of an even
     width as pairs of tokens (odd row ends included), others token by token
-    (an odd width, fp32). In exact fp32 order (fp32 logits): the same rows,
-    and a probed level of the top halves whose tokens differ in their low
-    halves (not a tie: the radix steps), with one of its values repeated
-    across blocks and the rest below it (the radix lists' ties)."""
+    (an odd width, fp32). In exact fp32 order (fp32 logits, read as pairs
+    of their top halves): the same rows, and a probed level of the top
+    halves whose tokens differ in their low halves (not a tie: the radix
+    steps), with one of its values repeated across blocks and the rest
+    below it (the radix lists' ties); bf16 and fp16 logits, token by token."""
     from nvshmem_topk import reference
     from nvshmem_topk.kernels import pack, spread
 
@@ -272,9 +273,11 @@ def test_pack_every_path_matches_reference(score_bits, monkeypatch, device):
              ("fp32", normal, n, listed), ("odd width", normal[:, 1:], n, listed), ("outlier", outlier, n, listed),
              ("zeros", zeros, n, exact)]
     if score_bits == 32:
-        cases += [("one level", one_level, n, radix), ("one level, k past its top value", one_level, 512, radix)]
+        cases += [("one level", one_level, n, radix), ("one level, k past its top value", one_level, 512, radix),
+                  ("bf16 logits", normal, n, listed), ("fp16 logits, ties", ties, n, exact)]
     for name, scores, k, mode in cases:
-        logits = scores if name == "fp32" or score_bits == 32 else scores.bfloat16()
+        dtype = torch.float32 if name == "fp32" or score_bits == 32 else torch.bfloat16
+        logits = scores.to({"bf16 logits": torch.bfloat16, "fp16 logits, ties": torch.float16}.get(name, dtype))
         ends = torch.full((logits.shape[0],), logits.shape[1], dtype=torch.int32)
         ends[-1] -= 3
         want = reference.pack(logits, ends, k, logits.shape[1], score_bits=score_bits)
