@@ -20,8 +20,9 @@ _COMPILE_ONLY = contextvars.ContextVar("nvshmem_topk_compile_only", default=Fals
 
 @dataclass(frozen=True)
 class Launch:
-    """``kernel[grid](*args, **constexprs)`` with ``num_warps`` warps.
-    ``args`` may nest tuples (kernels take related pointers and scalars as
+    """``kernel[grid](*args, **constexprs)`` with ``num_warps`` warps, and
+    at most ``max_registers`` registers a thread when set. ``args`` may nest
+    tuples (kernels take related pointers and scalars as
     one tuple); constexprs include PDL, and LIBRARY_PEERS where the kernel
     can reach peers through NVSHMEM's device library (linked when set)."""
 
@@ -30,9 +31,12 @@ class Launch:
     args: tuple
     constexprs: dict
     num_warps: int
+    max_registers: int | None = None
 
     def __call__(self) -> None:
         options = dict(launch_pdl=self.constexprs["PDL"])
+        if self.max_registers:
+            options["maxnreg"] = self.max_registers
         if self.constexprs.get("LIBRARY_PEERS"):
             from . import nvshmem_device
 

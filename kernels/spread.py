@@ -58,6 +58,7 @@ from .sync import after_prior_kernel, last_to_arrive
 
 BLOCK = tl.constexpr(4096)  # tokens a filter program reads; a power of two up to 2^16 (words carry 16 id bits)
 FILTER_WARPS = 4
+FILTER32_REGISTERS = 128  # the 32-bit filter's cap: fp32 pairs take 148 uncapped, three programs an SM, not four
 SPANS = 8  # finish and radix programs per row, about: each covers a span of 1 to MAX_SPAN blocks
 MAX_SPAN = 4
 SPAN_WARPS = 8
@@ -1194,7 +1195,8 @@ def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local
                     SCORE_BITS=score_bits), ESTIMATE_WARPS),
         Launch(filter_kernel, (blocks, rows), (scratch, rows_arg, limit),
                dict(REGION=p.region, REGIONS_AT=p.regions_at, LOWS_AT=p.lows_at, LIST=listing,
-                    PAIRS=pairs, PDL=pdl, SCORE_BITS=score_bits), FILTER_WARPS),
+                    PAIRS=pairs, PDL=pdl, SCORE_BITS=score_bits), FILTER_WARPS,
+               FILTER32_REGISTERS if score_bits == 32 else None),
         Launch(finish_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
                dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, HISTOGRAMS_AT=p.histograms_at,
                     REGIONS_AT=p.regions_at, LOWS_AT=p.lows_at, ROOM=p.room, SPAN=p.span, **peers),

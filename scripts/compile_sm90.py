@@ -113,6 +113,8 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, sc
 def compile_one(launch, extern_libs=None) -> dict:
     start = time.perf_counter()
     options = {"num_warps": launch.num_warps} | ({"extern_libs": tuple(extern_libs.items())} if extern_libs else {})
+    if launch.max_registers:
+        options["maxnreg"] = launch.max_registers
     constexprs = launch.constexprs
     names = [name for name in launch.kernel.arg_names if name not in constexprs]
     signature = dict(zip(names, (_signature(v) for v in launch.args))) | {name: "constexpr" for name in constexprs}
