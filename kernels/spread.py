@@ -428,8 +428,9 @@ def _block_parts(row_ptr, block, window):
 
 @triton.jit
 def _filter_block32(scratch, parts, block, REGION: tl.constexpr, REGIONS_AT: tl.constexpr, LOWS_AT: tl.constexpr):
-    """``_filter_block`` of 32-bit scores (``parts``: ``_block_parts``), a
-    part a step: candidates by their words' scores (the fp32 order's top
+    """``_filter_block`` of 32-bit scores of bf16 or fp16 logits (fp32
+    logits take ``_filter_pairs``; ``parts``: ``_block_parts``), a part a
+    step: candidates by their words' scores (the fp32 order's top
     halves), their low halves beside their words; the probe's counts, and
     the highest and lowest low half of its tokens (its ties are exact only
     when they are all one fp32 value)."""
