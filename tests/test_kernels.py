@@ -233,7 +233,8 @@ def test_pack_every_path_matches_reference(score_bits, monkeypatch, device):
     of their top halves): the same rows, and a probed level of the top
     halves whose tokens differ in their low halves (not a tie: the radix
     steps), with one of its values repeated across blocks and the rest
-    below it (the radix lists' ties); bf16 and fp16 logits, token by token."""
+    below it (the radix lists' ties); NaNs whose top halves read as
+    infinities; bf16 and fp16 logits, token by token."""
     from nvshmem_topk import reference
     from nvshmem_topk.kernels import pack, spread
 
@@ -266,6 +267,10 @@ def test_pack_every_path_matches_reference(score_bits, monkeypatch, device):
     zeros = torch.relu(torch.randn(2, width, generator=gen) - 2.5)
     one_level = 1.0 + torch.randint(0, 128, (2, width), generator=gen) * 2.0**-23  # one bf16 level, 128 values
     one_level[:, ::101] = 1.0 + 200 * 2.0**-23  # about 130 a row: k = 512 reaches below it
+    payloads = torch.randn(2, width, generator=gen)  # NaNs whose top halves read as infinities, beside infinities
+    payloads.view(torch.int32)[:, ::89] = torch.tensor([0x7F800001, -0x7FFFFF], dtype=torch.int32)[:, None]
+    payloads[:, 5::211] = float("inf")
+    payloads[:, 7::211] = -float("inf")
     listed, exact, radix = spread.LISTED.value, spread.EXACT.value, spread.RADIX.value
     cases = [("listed", normal, n, listed), ("ties", ties, n, exact), ("fewer than n", few, n, listed),
              ("radix", attack, n, radix), ("radix, one span", one_span, n, radix), ("planes", planes, n, listed),
@@ -274,7 +279,8 @@ def test_pack_every_path_matches_reference(score_bits, monkeypatch, device):
              ("zeros", zeros, n, exact)]
     if score_bits == 32:
         cases += [("one level", one_level, n, radix), ("one level, k past its top value", one_level, 512, radix),
-                  ("bf16 logits", normal, n, listed), ("fp16 logits, ties", ties, n, exact)]
+                  ("bf16 logits", normal, n, listed), ("fp16 logits, ties", ties, n, exact),
+                  ("NaN payloads", payloads, n, listed)]
     for name, scores, k, mode in cases:
         dtype = torch.float32 if name == "fp32" or score_bits == 32 else torch.bfloat16
         logits = scores.to({"bf16 logits": torch.bfloat16, "fp16 logits, ties": torch.float16}.get(name, dtype))
