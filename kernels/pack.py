@@ -10,7 +10,7 @@ threshold from sixteen counts, one a bit, then one ordered compaction.
 Scores in exact fp32 order (32-bit words) take it too, with sixteen counts
 more, on the boundary level's low halves.
 
-Wider calls take the four kernels of ``spread``, where no program walks a
+Wider calls take the three kernels of ``spread``, where no program walks a
 row (32-bit scores are sampled and filtered by their top halves). Whatever
 the kernel, the output is ``reference.pack``'s, bit for bit."""
 

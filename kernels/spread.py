@@ -1,4 +1,4 @@
-"""The local top-n of calls wider than ``pack.SHORT_ROWS``: four kernels,
+"""The local top-n of calls wider than ``pack.SHORT_ROWS``: three kernels,
 in which only the estimate is a program per row, and it reads a sample;
 every step that reads the row is spread over its blocks of BLOCK tokens,
 so no program walks a row:
@@ -21,12 +21,11 @@ so no program walks a row:
      above it), or every valid token is taken. Each block with tokens to
      keep writes them at its place in the row, from the earlier counts:
      copied from its region when they are its candidates, else re-read.
-   - radix: neither (the sample misled). Each span histograms the high byte
-     of its scores.
-4. radix (radix rows only): each span histograms the low byte of its
-   scores in the high byte's boundary bucket and writes its own top-n to
-   its region, which its two histograms give; the last span to arrive takes
-   the threshold from every span's and compacts their words into the row.
+   - radix: neither (the sample misled). Each span takes its own top-n, a
+     superset of its share of the row's, by histograms of a byte of its
+     scores each (its blocks re-read from L2 for each) and writes it to its
+     region; the last span to arrive takes the row's threshold from
+     histograms of those lists and compacts them into the row.
 A row that several spans write is published (pushed to every peer, its flag
 raised) by the last span to finish it. Whatever the path, the output is
 ``reference.pack``'s, bit for bit: the estimate decides how much work is
@@ -37,9 +36,7 @@ words' scores (the fp32 order's top halves), with three differences: the
 candidates' low halves go to the scratch beside their words, and the
 listed select counts them too (``bisected_threshold32``); a probed tie is
 exact only when its tokens are all one fp32 value (the filter bounds their
-low halves); and a radix span takes its own top-n from four histograms of
-its own (a byte each, its blocks read again for each), the last span the
-row's from four histograms of the spans' lists."""
+low halves); and the radix steps take four bytes, not two."""
 
 
 import math
@@ -59,7 +56,7 @@ from .sync import after_prior_kernel, last_to_arrive
 BLOCK = tl.constexpr(4096)  # tokens a filter program reads; a power of two up to 2^16 (words carry 16 id bits)
 FILTER_WARPS = 4
 FILTER32_REGISTERS = 128  # the 32-bit filter's cap: fp32 pairs take 148 uncapped, three programs an SM, not four
-SPANS = 8  # finish and radix programs per row, about: each covers a span of 1 to MAX_SPAN blocks
+SPANS = 8  # finish programs per row, about: each covers a span of 1 to MAX_SPAN blocks
 MAX_SPAN = 4
 SPAN_WARPS = 8
 ESTIMATE_WARPS = 8
@@ -75,7 +72,7 @@ SAMPLE_BINS = tl.constexpr(128)  # the estimate's histograms: their cost grows w
 
 # Scratch of a row (int32): the estimate's floor and probe, the row's
 # settling and the radix spans' arrivals, then per block its counts, per
-# span its two histograms and its own top-n's size (radix rows), per block
+# span the size of its own top-n (radix rows), per block
 # its region (candidate words; a radix span's top-n in its first), and with
 # 32-bit scores the regions' low halves (int16, slot for slot).
 FLOOR, PROBE, MODE, RADIX_ARRIVALS, HEADER = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3),
@@ -103,7 +100,7 @@ class Plan:
 
     @property
     def span(self) -> int:
-        """Blocks a finish or radix program covers: about SPANS programs a
+        """Blocks a finish program covers: about SPANS programs a
         row, so that an exact row's writes are spread even when it is short."""
         return min(MAX_SPAN, max(1, self.blocks_p2 // SPANS))
 
@@ -112,14 +109,9 @@ class Plan:
         return min(BLOCK.value, self.room)
 
     @property
-    def histograms_at(self) -> int:
-        """Where a row's per-span histogram pairs (2 x 256 words) start."""
-        return HEADER.value + self.blocks_p2 * COUNT_FIELDS.value
-
-    @property
     def spans_kept_at(self) -> int:
         """Where a radix row's per-span sizes of their own top-n start."""
-        return self.histograms_at + self.blocks_p2 * 512
+        return HEADER.value + self.blocks_p2 * COUNT_FIELDS.value
 
     @property
     def regions_at(self) -> int:
@@ -189,18 +181,6 @@ def _span_target(sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIST: 
     row = tl.program_id(0).to(tl.int64)
     active, offset = row_target(row, sat_ptr, rank, WORDS, SLOTS, LIST, SCORE_BITS)
     return tl.program_id(1), row, tl.num_programs(1), active, offset
-
-
-@triton.jit
-def _histogram(score, counted, high_byte, SELECT_LOW: tl.constexpr):
-    """256-bin histogram of the high byte of the counted scores (or, with
-    SELECT_LOW, of the low byte of those whose high byte is ``high_byte``)."""
-    if SELECT_LOW:
-        counted = counted & ((score >> 8) == high_byte)
-        digit = score & 0xFF
-    else:
-        digit = score >> 8
-    return tl.histogram(digit, 256, mask=counted)
 
 
 # ---------------------------------------------------------------- estimate
@@ -913,12 +893,13 @@ def _publish_when_last(out_ptr, offset, row, spans, peers, sat_ptr, rank, N: tl.
 @any_width
 def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
                   SLOTS: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, REGION: tl.constexpr,
-                  BLOCKS_P2: tl.constexpr, HISTOGRAMS_AT: tl.constexpr, REGIONS_AT: tl.constexpr,
+                  BLOCKS_P2: tl.constexpr, SPANS_KEPT_AT: tl.constexpr, REGIONS_AT: tl.constexpr,
                   LOWS_AT: tl.constexpr, ROOM: tl.constexpr, SPAN: tl.constexpr,
                   WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
     """Settles the row from the filter's counts: the first span selects from
     the candidates, every block with tokens to keep writes them, or every
-    span histograms its high bytes for the radix steps. ``peers``:
+    span takes its own top-N and the last to arrive the row's (the radix
+    steps). ``peers``:
     (arrivals_ptr, epochs_ptr, peer_ptrs, flag_ptrs, pes_ptr, max_rows),
     where finished rows go (``Publish``)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
@@ -962,39 +943,24 @@ def finish_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexp
             _publish_when_last(out_ptr, offset, row, spans, peers, sat_ptr, rank, N, PLANES, WORLD, LIST,
                                KAPPA_SHIFT, LIBRARY_PEERS, SCORE_BITS)
         else:
-            _span_histogram(scratch + HISTOGRAMS_AT, logits_ptr, row, logits_stride, span, blocks, window, 0, 0,
-                            False, SPAN, SCORE_BITS)
+            own = span * SPAN * REGION  # the span's own top-N, in its first block's region
+            own_lows = region_lows + own if SCORE_BITS == 32 else None
+            threshold, quota = _span_threshold(logits_ptr, row, logits_stride, span, blocks, window, N, SPAN,
+                                               SCORE_BITS)
+            start = tl.zeros((), dtype=tl.int32)
+            end = _write_span(scratch + REGIONS_AT + own, own_lows, logits_ptr, row, logits_stride, span, blocks,
+                              window, threshold, quota, start, start, N, 0, SPAN, SCORE_BITS)
+            tl.store(scratch + SPANS_KEPT_AT + span, end)
+            if last_to_arrive(scratch + RADIX_ARRIVALS, spans):
+                threshold, quota = _lists_threshold(scratch + REGIONS_AT, region_lows, scratch + SPANS_KEPT_AT, spans,
+                                                    N, REGION, SPAN, SCORE_BITS)
+                _compact_spans(out_ptr + offset, lows, scratch + REGIONS_AT, region_lows, scratch + SPANS_KEPT_AT,
+                               spans, threshold, quota, N, PLANES, REGION, SPAN, SCORE_BITS)
+                _publish(out_ptr, offset, row, peers, sat_ptr, rank, N, PLANES, WORLD, LIST, KAPPA_SHIFT,
+                         LIBRARY_PEERS, SCORE_BITS)
 
 
 # ------------------------------------------------------------------- radix
-
-
-@triton.jit
-def _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, window, high, AT: tl.constexpr,
-                    SELECT_LOW: tl.constexpr, SPAN: tl.constexpr, SCORE_BITS: tl.constexpr):
-    """The span's histogram of the high byte of its words' scores (or, with
-    SELECT_LOW, of the low byte of those whose high byte is ``high``), to
-    word AT of the span's pair of histograms; returned too."""
-    hist = tl.zeros((256,), dtype=tl.int32)
-    for j in range(SPAN):
-        block = span * SPAN + j
-        if block < blocks:
-            x, _ = _block_tokens(logits_ptr, row, logits_stride, block, window)
-            score = tl.reshape(word_score(token_order(x, SCORE_BITS), SCORE_BITS), (BLOCK,))
-            hist += _histogram(score, score != 0, high, SELECT_LOW)
-    tl.store(histograms + span * 512 + AT + tl.arange(0, 256), hist)
-    return hist
-
-
-@triton.jit
-def _summed(histograms, spans, AT: tl.constexpr):
-    """The spans' 256-bin histograms at word AT of each pair, summed."""
-    total = tl.zeros((256,), dtype=tl.int32)
-    s = 0
-    while s < spans:  # a while loop: the bound is a run-time scalar
-        total += tl.load(histograms + s * 512 + AT + tl.arange(0, 256), cache_modifier=".cg")
-        s += 1
-    return total
 
 
 @triton.constexpr_function
@@ -1047,49 +1013,56 @@ def _compact_spans(out_row, lows, regions, region_lows, kept_ptr, spans, thresho
 
 
 @triton.jit
-def _span_threshold32(hist, logits_ptr, row, logits_stride, span, blocks, window, N: tl.constexpr,
-                      SPAN: tl.constexpr):
-    """(threshold, quota) of the span's own top-N by fp32 order: the byte
-    that ``hist`` (its histogram of its orders' top bytes) gives, then
-    three more of a byte each, each from a read of its blocks (the
-    ``token_order`` and how many of its ties its top-N keeps, lowest id
-    first); NO_SCORE32 when it holds at most N valid tokens (all are its
-    list). The bytes are those of ord32 (the order with its sign bit
-    flipped), which orders as unsigned."""
-    threshold = tl.full((), NO_SCORE32, tl.int32)
+def _span_threshold(logits_ptr, row, logits_stride, span, blocks, window, N: tl.constexpr, SPAN: tl.constexpr,
+                    SCORE_BITS: tl.constexpr):
+    """(threshold, quota) of the span's own top-N: a ``token_order`` and how
+    many of its ties its top-N keeps, lowest id first, from a histogram of
+    a byte of its orders each (two with 16-bit scores, four with 32-bit
+    ones), each from a read of its blocks (from L2), from the top;
+    ``no_order`` when it holds at most N valid tokens (all are its list).
+    The bytes are those of ``_unsigned_order``, 0 for NaN."""
+    threshold = tl.full((), no_order(SCORE_BITS), tl.int32)
     need = tl.full((), N, tl.int32)
-    bucket, above, _ = radix_boundary(hist, need)
-    if bucket >= 0:
-        prefix = bucket << 24
-        need -= above
-        for k in tl.static_range(1, 4):
-            shift = 24 - 8 * k  # compile-time
+    prefix = tl.zeros((), dtype=tl.int32)
+    for k in tl.static_range(SCORE_BITS // 8):
+        shift = SCORE_BITS - 8 - 8 * k  # compile-time
+        if need > 0:  # 0 once a byte found fewer than N: the span keeps every valid token
             digits = tl.zeros((256,), dtype=tl.int32)
             for j in range(SPAN):
                 block = span * SPAN + j
                 if block < blocks:
                     x = _block_tokens(logits_ptr, row, logits_stride, block, window)[0]
-                    bits = tl.reshape(folded32(x) ^ NO_SCORE32, (BLOCK,))  # ord32; 0 for NaN
-                    match = (bits != 0) & ((bits >> (shift + 8)) == (prefix >> (shift + 8)))
+                    bits = tl.reshape(_unsigned_order(token_order(x, SCORE_BITS), SCORE_BITS), (BLOCK,))
+                    match = bits != 0
+                    if k > 0:
+                        match = match & ((bits >> (shift + 8)) == (prefix >> (shift + 8)))
                     digits += tl.histogram((bits >> shift) & 0xFF, 256, mask=match)
             bucket, above, _ = radix_boundary(digits, need)
-            prefix = prefix | (bucket << shift)
-            need -= above
-        threshold = prefix ^ NO_SCORE32
+            prefix = prefix | (tl.maximum(bucket, 0) << shift)
+            need = tl.where(bucket < 0, 0, need - above)
+    if need > 0:
+        threshold = prefix ^ no_order(SCORE_BITS)
     return threshold, need
 
 
 @triton.jit
-def _lists_threshold32(regions, region_lows, kept_ptr, spans, N: tl.constexpr, REGION: tl.constexpr,
-                       SPAN: tl.constexpr):
-    """(threshold, quota) of the spans' own top-N lists together, by four
-    histograms of a byte of their ord32 each, from the top: their N-th
-    largest order, and how many of its ties the row keeps (NO_SCORE32 when
-    they hold at most N: every one is kept). The lists hold the row's
-    top-N (each span's share of it is its own top tokens), and all else in
-    them lies below it: this is the row's threshold, and its ties in the
-    lists are the row's first ones."""
-    threshold = tl.full((), NO_SCORE32, tl.int32)
+def _unsigned_order(order, SCORE_BITS: tl.constexpr):
+    """A ``token_order`` as ord16 or ord32 (the latter's bits in an int32),
+    0 for NaN: the order of its bytes, from the top, is the score's."""
+    return order ^ no_order(SCORE_BITS)
+
+
+@triton.jit
+def _lists_threshold(regions, region_lows, kept_ptr, spans, N: tl.constexpr, REGION: tl.constexpr,
+                     SPAN: tl.constexpr, SCORE_BITS: tl.constexpr):
+    """(threshold, quota) of the spans' own top-N lists together, by a
+    histogram of a byte of their orders each (``_unsigned_order``), from
+    the top: their N-th largest order, and how many of its ties the row
+    keeps (``no_order`` when they hold at most N: every one is kept). The
+    lists hold the row's top-N (each span's share of it is its own top
+    tokens), and all else in them lies below it: this is the row's
+    threshold, and its ties in the lists are the row's first ones."""
+    threshold = tl.full((), no_order(SCORE_BITS), tl.int32)
     need = tl.full((), N, tl.int32)
     total = tl.zeros((), dtype=tl.int32)
     s = 0
@@ -1097,82 +1070,21 @@ def _lists_threshold32(regions, region_lows, kept_ptr, spans, N: tl.constexpr, R
         total += tl.load(kept_ptr + s, cache_modifier=".cg")
         s += 1
     if total > N:
-        prefix = tl.zeros((), dtype=tl.int64)  # the threshold's ord32, a byte at a time
-        for k in tl.static_range(4):
+        prefix = tl.zeros((), dtype=tl.int64)  # the threshold's unsigned order, a byte at a time
+        for k in tl.static_range(SCORE_BITS // 8):
             digits = tl.zeros((256,), dtype=tl.int32)
             first = 0
             while first < spans:
                 order = _span_lists(regions, region_lows, kept_ptr, first, spans, N, REGION, SPAN)[1]
-                keys = (order ^ NO_SCORE32).to(tl.int64) & 0xFFFFFFFF  # ord32; 0 outside the lists
-                digits += radix_digit_histogram(tl.reshape(keys, (keys.numel,), can_reorder=True), prefix, 24 - 8 * k)
+                keys = _unsigned_order(order, SCORE_BITS).to(tl.int64) & 0xFFFFFFFF  # 0 outside the lists
+                digits += radix_digit_histogram(tl.reshape(keys, (keys.numel,), can_reorder=True), prefix,
+                                                SCORE_BITS - 8 - 8 * k)
                 first += _lists_a_tile(N)
             bucket, above, _ = radix_boundary(digits, need)
-            prefix |= bucket.to(tl.int64) << (24 - 8 * k)
+            prefix |= bucket.to(tl.int64) << (SCORE_BITS - 8 - 8 * k)
             need -= above
-        threshold = (prefix - (1 << 31)).to(tl.int32)
+        threshold = prefix.to(tl.int32) ^ no_order(SCORE_BITS)
     return threshold, need
-
-
-@any_width
-def radix_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr,
-                 SLOTS: tl.constexpr, LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, HISTOGRAMS_AT: tl.constexpr,
-                 SPANS_KEPT_AT: tl.constexpr, REGIONS_AT: tl.constexpr, LOWS_AT: tl.constexpr, REGION: tl.constexpr,
-                 SPAN: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr,
-                 SCORE_BITS: tl.constexpr):
-    """Radix rows: each span writes its own top-N to its region (a superset
-    of its share of the row's top-N, whatever the other spans hold), then
-    the last span to arrive takes the row's threshold and compacts those
-    words into the packed row (no second kernel waits for the spans).
-    16-bit scores: the row's boundary bucket of the high byte, from every
-    span's histogram; each span's histogram of the low byte inside it
-    gives its own top-N, and the last span the threshold from every
-    span's. 32-bit scores: each span's own four histograms
-    (``_span_threshold32``), then the last span's of the lists
-    (``_lists_threshold32``)."""
-    logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
-    after_prior_kernel(PDL)
-    words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
-    span, row, spans, active, offset = _span_target(sat_ptr, rank, words, SLOTS, LIST, SCORE_BITS)
-    if active:
-        scratch = scratch_ptr + row * scratch_stride
-        if tl.load(scratch + MODE) == RADIX:
-            histograms = scratch + HISTOGRAMS_AT
-            blocks = tl.cdiv(tl.maximum(width_limit, 1), BLOCK)
-            window = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
-            region_lows = _region_lows(scratch, LOWS_AT, SCORE_BITS)
-            own = scratch + REGIONS_AT + span * SPAN * REGION  # the span's own top-N, in its first block's region
-            if SCORE_BITS == 32:
-                threshold, quota = _span_threshold32(tl.load(histograms + span * 512 + tl.arange(0, 256)),
-                                                     logits_ptr, row, logits_stride, span, blocks, window, N, SPAN)
-                start = tl.zeros((), dtype=tl.int32)
-                kept = _write_span(own, region_lows + span * SPAN * REGION, logits_ptr, row, logits_stride, span,
-                                   blocks, window, threshold, quota, start, start, N, 0, SPAN, SCORE_BITS)
-                tl.store(scratch + SPANS_KEPT_AT + span, kept)
-            else:
-                high, above_high, _ = radix_boundary(_summed(histograms, spans, 0), N)
-                low_hist = _span_histogram(histograms, logits_ptr, row, logits_stride, span, blocks, window, high,
-                                           256, True, SPAN, SCORE_BITS)
-                digit = tl.arange(0, 256)
-                own_above = tl.sum(tl.where(digit > high, tl.load(histograms + span * 512 + digit), 0), axis=0)
-                low, above_low, _ = radix_boundary(low_hist, N - own_above)
-                # fewer than its share in the bucket (low < 0): the span keeps all of it
-                start = tl.zeros((), dtype=tl.int32)
-                _write_span(own, None, logits_ptr, row, logits_stride, span, blocks, window, high * 256 + low,
-                            tl.where(low < 0, 0, N - own_above - above_low), start, start, N, 0, SPAN, SCORE_BITS)
-                tl.store(scratch + SPANS_KEPT_AT + span, own_above + tl.where(low < 0, above_low, N - own_above))
-            if last_to_arrive(scratch + RADIX_ARRIVALS, spans):
-                if SCORE_BITS == 32:
-                    threshold, quota = _lists_threshold32(scratch + REGIONS_AT, region_lows,
-                                                          scratch + SPANS_KEPT_AT, spans, N, REGION, SPAN)
-                else:
-                    low, above_low, _ = radix_boundary(_summed(histograms, spans, 256), N - above_high)
-                    threshold = high * 256 + low
-                    quota = N - above_high - above_low
-                _compact_spans(out_ptr + offset, row_lows(out_ptr + offset, N, PLANES, SCORE_BITS),
-                               scratch + REGIONS_AT, region_lows, scratch + SPANS_KEPT_AT, spans, threshold, quota,
-                               N, PLANES, REGION, SPAN, SCORE_BITS)
-                _publish(out_ptr, offset, row, peers, sat_ptr, rank, N, PLANES, WORLD, LIST, KAPPA_SHIFT, LIBRARY_PEERS,
-                         SCORE_BITS)
 
 
 # ---------------------------------------------------------------- launcher
@@ -1180,7 +1092,7 @@ def radix_kernel(out_ptr, scratch_ptr, rows, width_limit, peers, N: tl.constexpr
 
 def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local_len: int, pairs: bool,
              target: dict, peers: dict) -> list[Launch]:
-    """The four launches over ``rows_arg``'s rows (``pack.pipeline`` builds
+    """The three launches over ``rows_arg``'s rows (``pack.pipeline`` builds
     the arguments; ``target`` holds SCORE_BITS), each compiled for rows of
     up to ``max_local_len`` tokens; ``pairs``: rows read two tokens a word
     (bf16; fp32 with 32-bit scores)."""
@@ -1199,10 +1111,7 @@ def launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local
                     PAIRS=pairs, PDL=pdl, SCORE_BITS=score_bits), FILTER_WARPS,
                FILTER32_REGISTERS if score_bits == 32 else None),
         Launch(finish_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
-               dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, HISTOGRAMS_AT=p.histograms_at,
+               dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, SPANS_KEPT_AT=p.spans_kept_at,
                     REGIONS_AT=p.regions_at, LOWS_AT=p.lows_at, ROOM=p.room, SPAN=p.span, **peers),
                max(SPAN_WARPS, p.room // 512)),
-        Launch(radix_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
-               dict(target, HISTOGRAMS_AT=p.histograms_at, SPANS_KEPT_AT=p.spans_kept_at, REGIONS_AT=p.regions_at,
-                    LOWS_AT=p.lows_at, REGION=p.region, SPAN=p.span, **peers), SPAN_WARPS),
     ]

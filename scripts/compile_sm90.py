@@ -146,7 +146,7 @@ def main(device_library: str | None = None) -> list[dict]:
         config = CONFIGS[0]
         jobs += [(config, variant, {"libnvshmem_device": device_library})
                  for variant in variants(*config, library_peers=(1 << config[0]) - 2)
-                 if variant.kernel in (exchange.push_rows_kernel, spread.finish_kernel, spread.radix_kernel)]
+                 if variant.kernel in (exchange.push_rows_kernel, spread.finish_kernel)]
     for (world_size, topk, local_topk, _, *bits), variant, extern_libs in jobs:
         score_bits = bits[0] if bits else 16
         row = dict(compile_one(variant, extern_libs=extern_libs), W=world_size, K=topk, N=local_topk,
