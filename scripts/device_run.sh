@@ -99,7 +99,7 @@ for step in $STEPS; do
         timeout 120 ncu --import "$OUT/kernels.ncu-rep" --print-summary per-kernel
         timeout 120 ncu --import "$OUT/kernels.ncu-rep" --page details --csv > "$OUT/profile_details.csv"
         mkdir -p /tmp/sass  # per-instruction SASS counts and stall samples, one kernel each (scripts/sass_summary.py)
-        for kernel in estimate filter finish radix row select rescue; do
+        for kernel in estimate filter finish row select rescue; do
           timeout 60 ncu --import "$OUT/kernels.ncu-rep" --page source --print-source sass --csv -k "regex:$kernel" \
             -c 1 > "/tmp/sass/$kernel.csv" && python3 scripts/sass_summary.py "/tmp/sass/$kernel.csv"
         done
