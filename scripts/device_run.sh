@@ -26,7 +26,9 @@
 # Logs and results go under $OUT.
 #   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [serving] [cli] [launch] [branches]
 #        [primitives] [profile]
-#        (BENCH_ARGS narrows the kernel benchmark, MERGE_ARGS the merge one, PROFILE_ARGS the profile, TEST_FILES and TEST_ARGS the tests, e.g. TEST_ARGS="-k launched")
+#        (BENCH_ARGS narrows the kernel benchmark, MERGE_ARGS the merge one, PROFILE_ARGS the profile, TEST_FILES,
+#        TEST_MARK (default gpu; empty: every test of the files, on the GPU), TEST_K (one -k expression, kept whole)
+#        and TEST_ARGS (split on spaces) the tests, e.g. TEST_MARK= TEST_K="every_path or pushed_list")
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 export NVSHMEM_SYMMETRIC_SIZE=${NVSHMEM_SYMMETRIC_SIZE:-4294967296}  # the merge benchmark keeps 36 workspaces
@@ -56,7 +58,8 @@ for step in $STEPS; do
         --library-path --rows 1 64 --widths 16384 65536 --out "$OUT/bench_merge_library.json" 2>&1 \
         | grep -v -i warn | tee "$OUT/bench_merge_library.log" ;;
     tests)
-      timeout "${TEST_TIMEOUT:-600}" python3 -m pytest -q -m gpu ${TEST_FILES:-tests/test_kernels.py tests/test_nvshmem.py} \
+      timeout "${TEST_TIMEOUT:-600}" python3 -m pytest -q -m "${TEST_MARK-gpu}" \
+        ${TEST_FILES:-tests/test_kernels.py tests/test_nvshmem.py} ${TEST_K:+-k "$TEST_K"} \
         -p no:cacheprovider --timeout 200 --tb=short -rs --durations 0 ${TEST_ARGS:-} > "$OUT/gpu_tests.log" 2>&1
       tail -25 "$OUT/gpu_tests.log" ;;
     serving)
