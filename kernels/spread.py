@@ -70,11 +70,12 @@ SAMPLE_BINS = tl.constexpr(128)  # the estimate's histograms: their cost grows w
 
 
 
-# Scratch of a row (int32): the estimate's floor and probe, the row's
-# settling and the radix spans' arrivals, then per block its counts, per
-# span the size of its own top-n (radix rows), per block
-# its region (candidate words; a radix span's top-n in its first), and with
-# 32-bit scores the regions' low halves (int16, slot for slot).
+# Scratch of a row (int32): the estimate's floor and probe, how the finish
+# settled the row (LISTED, EXACT, RADIX: what the tests read to know which
+# path a row took) and the radix spans' arrivals, then per block its counts,
+# per span the size of its own top-n (radix rows), per block its region
+# (candidate words; a radix span's top-n in its first), and with 32-bit
+# scores the regions' low halves (int16, slot for slot).
 FLOOR, PROBE, MODE, RADIX_ARRIVALS, HEADER = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3),
                                               tl.constexpr(4))
 # valid tokens, candidates, >= probe, > probe; with 32-bit scores, the
