@@ -505,46 +505,65 @@ def _half_pairs32(row_ptr, block, half, start, end):
 
 
 @triton.jit
+def _pair_keys(pair):
+    """(both tokens' ord16, 0 for a NaN; 1 in bit 0 or 16 for a NaN token)
+    of int32 pairs of bf16 bits (``_pair_orders``): a half is NaN iff its
+    magnitude bits pass 0x7F80 (adding 0x7F sets the half's top bit, and
+    never carries out of it). At 0 a NaN lies below every floor and probe
+    (each at least MIN_VALID)."""
+    nan = (((pair & 0x7FFF7FFF) + 0x007F007F) >> 15) & 0x10001
+    return _pair_orders(pair) & ~(nan * 0xFFFF), nan
+
+
+@triton.jit
 def _block_pairs(row_ptr, block, window, SCORE_BITS: tl.constexpr):
-    """Both halves of a block, loaded at once: (pairs, word ids) of each
-    (``_half_pairs``), or with 32-bit scores (pairs, low halves, word ids)
-    of each (``_half_pairs32``); ``window``: the row's valid tokens (start,
-    end)."""
+    """Both halves of a block, loaded at once, and what of them needs no
+    floor: (the block's valid tokens, then (keys, word ids) of each half
+    (``_half_pairs``, ``_pair_keys``), or with 32-bit scores (keys, low
+    halves, word ids) of each (``_half_pairs32``)); ``window``: the row's
+    valid tokens (start, end). The filter calls it before it waits for the
+    estimate, so that this work overlaps it."""
     start, end = window
     if SCORE_BITS == 32:
-        halves = _half_pairs32(row_ptr, block, 0, start, end) + _half_pairs32(row_ptr, block, 1, start, end)
+        pair, low, w = _half_pairs32(row_ptr, block, 0, start, end)
+        pair_2, low_2, w_2 = _half_pairs32(row_ptr, block, 1, start, end)
     else:
-        halves = _half_pairs(row_ptr, block, 0, start, end) + _half_pairs(row_ptr, block, 1, start, end)
+        pair, w = _half_pairs(row_ptr, block, 0, start, end)
+        pair_2, w_2 = _half_pairs(row_ptr, block, 1, start, end)
+        low, low_2 = None, None
+    keys, nan = _pair_keys(pair)
+    keys_2, nan_2 = _pair_keys(pair_2)
+    nans = tl.sum(tl.sum(nan + nan_2, axis=1), axis=0)  # even and odd tokens' NaNs, 16 bits each
+    valid = BLOCK - (nans & 0xFFFF) - (nans >> 16)
+    if SCORE_BITS == 32:
+        halves = (valid, keys, low, w, keys_2, low_2, w_2)
+    else:
+        halves = (valid, keys, w, keys_2, w_2)
     return halves
 
 
 @triton.jit
-def _filter_half(region, lows, pair, low, w, kept, level_floor, probe, REGION: tl.constexpr):
+def _filter_half(region, lows, order, low, w, kept, level_floor, probe, REGION: tl.constexpr):
     """One half block of ``_filter_pairs``: its candidates' words from slot
     ``kept`` of the region (with 32-bit scores their low halves ``low``,
-    from slot ``kept`` of ``lows``; else both None); returns (kept, first
-    counts, probe counts, the highest low half of the probe's tokens and
-    0xFFFF less their lowest, -1 for none or 16-bit scores) with the half's
-    added. Both tokens of a word at once: its two ord16
-    (``_pair_orders``); a half is NaN iff its magnitude bits pass 0x7F80
-    (adding 0x7F sets the half's top bit, and never carries out of it); a
-    candidate iff its level (ord16 >> 1) reaches the floor's, in the same
-    way (``level_floor``: (0x8000 - (floor >> 1)) in each half). The probe
-    counts (``_probe_counts``): tokens whose level reaches (probe + 1) >> 1,
-    and tokens equal to the probe."""
-    order = _pair_orders(pair)
-    nan = (pair & 0x7FFF7FFF) + 0x007F007F
-    take = (((order >> 1) & 0x7FFF7FFF) + level_floor) & ~nan & -0x7FFF8000  # bits 15, 31: even, odd taken
+    from slot ``kept`` of ``lows``; else both None); returns (kept, probe
+    counts, the highest low half of the probe's tokens and 0xFFFF less
+    their lowest, -1 for none or 16-bit scores) with the half's added. Both tokens of a word at once (``order``: their keys,
+    ``_pair_keys``): a candidate iff its level (ord16 >> 1) reaches the
+    floor's (``level_floor``: (0x8000 - (floor >> 1)) in each half; the
+    sum sets the half's top bit iff it does, and never carries out of
+    it). The probe counts (``_probe_counts``): tokens whose level reaches
+    (probe + 1) >> 1, and tokens equal to the probe."""
+    take = (((order >> 1) & 0x7FFF7FFF) + level_floor) & -0x7FFF8000  # bits 15, 31: even, odd taken
     take_even = (take >> 15) & 1
     taken = take_even + ((take >> 31) & 1)
-    valid = 2 - ((nan >> 15) & 1) - ((nan >> 31) & 1)
-    first = tl.sum(tl.sum(valid | (taken << 16), axis=1), axis=0)  # two counts a sum (each < 2^16)
+    first = tl.sum(tl.sum(taken, axis=1), axis=0)
     second = tl.zeros((), dtype=tl.int32)
     highest = tl.full((), -1, tl.int32)
     lowest = tl.full((), -1, tl.int32)
     if probe != 0:
-        reached = (((order >> 1) & 0x7FFF7FFF) + (0x8000 - ((probe + 1) >> 1)) * 0x10001) & ~nan & -0x7FFF8000
-        other = order ^ (probe * 0x10001)  # a half is 0 iff it is the probe (a NaN never is: the probe is valid)
+        reached = (((order >> 1) & 0x7FFF7FFF) + (0x8000 - ((probe + 1) >> 1)) * 0x10001) & -0x7FFF8000
+        other = order ^ (probe * 0x10001)  # a half is 0 iff it is the probe
         equal = ~(((other & 0x7FFF7FFF) + 0x7FFF7FFF) | other) & -0x7FFF8000  # bits 15, 31: a half is 0
         # per line (4 words): a byte each for the even and odd tokens' two counts, then folded to 16-bit fields
         line = tl.sum(((reached >> 15) & 0x10001) | (((equal >> 15) & 0x10001) << 8), axis=1)
@@ -568,7 +587,7 @@ def _filter_half(region, lows, pair, low, w, kept, level_floor, probe, REGION: t
     if lows is not None:
         tl.store(lows + pos, low.to(tl.int16), mask=keep_even)
         tl.store(lows + pos + take_even, (low >> 16).to(tl.int16), mask=keep_odd)
-    return kept + (first >> 16), first, second, highest, lowest
+    return kept + first, second, highest, lowest
 
 
 @triton.jit
@@ -586,20 +605,19 @@ def _filter_pairs(scratch, pairs, block, REGION: tl.constexpr, REGIONS_AT: tl.co
     probe = tl.load(scratch + PROBE)
     region = scratch + REGIONS_AT + block * REGION
     if SCORE_BITS == 32:
-        first_pair, first_low, first_w, second_pair, second_low, second_w = pairs
+        valid, first_keys, first_low, first_w, second_keys, second_low, second_w = pairs
         lows = _region_lows(scratch, LOWS_AT, 32) + block * REGION
     else:
-        first_pair, first_w, second_pair, second_w = pairs
+        valid, first_keys, first_w, second_keys, second_w = pairs
         first_low, second_low, lows = None, None, None
-    kept, first, second, highest, lowest = _filter_half(region, lows, first_pair, first_low, first_w, 0,
-                                                        level_floor, probe, REGION)
-    kept, first_2, second_2, highest_2, lowest_2 = _filter_half(region, lows, second_pair, second_low, second_w,
-                                                                kept, level_floor, probe, REGION)
-    first += first_2
+    kept, second, highest, lowest = _filter_half(region, lows, first_keys, first_low, first_w, 0, level_floor, probe,
+                                                 REGION)
+    kept, second_2, highest_2, lowest_2 = _filter_half(region, lows, second_keys, second_low, second_w, kept,
+                                                       level_floor, probe, REGION)
     reach, above = _probe_counts(second + second_2, probe)
     counts = scratch + HEADER + block * COUNT_FIELDS
-    tl.store(counts, first & 0xFFFF)
-    tl.store(counts + 1, first >> 16)
+    tl.store(counts, valid)
+    tl.store(counts + 1, kept)
     tl.store(counts + 2, reach)
     tl.store(counts + 3, above)
     if SCORE_BITS == 32:
