@@ -485,23 +485,24 @@ def _half_pairs(row_ptr, block, half, start, end):
 
 @triton.jit
 def _half_pairs32(row_ptr, block, half, start, end):
-    """``_half_pairs`` of an fp32 row, as [HALF / 4, 2] (a thread loads 4
-    tokens, 16 bytes, at once): (int32 pairs of the tokens' top halves,
-    their fp32 cut to bf16, whose ord16 are the words' scores; pairs of the
-    low halves of their fp32 orders; word ids). A NaN's top half is made
-    bf16's NaN, which an fp32 NaN's need not be."""
+    """``_half_pairs`` of an fp32 row, keyed, as [HALF / 4, 2] (a thread
+    loads 4 tokens, 16 bytes, at once): (int32 pairs of the top halves of
+    the tokens' fp32 orders, the words' scores, and pairs of their low
+    halves, both 0 for NaN, as ``_pair_keys`` keys; word ids; 1 for each
+    NaN token, [HALF / 4, 4]). NaN outside the valid tokens [start, end)."""
     t = block * BLOCK + half * HALF + tl.arange(0, HALF // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
     ptrs = row_ptr.to(tl.pointer_type(tl.int32)) + t
     if (block * BLOCK >= start) & ((block + 1) * BLOCK <= end):
         bits = tl.load(ptrs)
     else:
         bits = tl.load(ptrs, mask=(t >= start) & (t < end), other=0x7FC00000)
-    bits = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7FC00000, bits)
-    even, odd = tl.split(tl.reshape(bits, (HALF // 4, 2, 2)))  # adjacent tokens, in the thread
-    pair = ((even >> 16) & 0xFFFF) | (odd & -0x10000)
-    low = ((even & 0xFFFF) | (odd << 16)) ^ (((pair >> 15) & 0x10001) * 0xFFFF)  # a negative score's inverted
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    order = tl.where(nan, 0, bits ^ ((bits >> 31) | -0x80000000))  # a negative score's bits inverted, else the sign
+    even, odd = tl.split(tl.reshape(order, (HALF // 4, 2, 2)))  # adjacent tokens, in the thread
+    keys = ((even >> 16) & 0xFFFF) | (odd & -0x10000)
+    low = (even & 0xFFFF) | (odd << 16)
     w = tl.split(tl.reshape(t, (HALF // 4, 2, 2)))[0] >> 1
-    return pair, low, w
+    return keys, low, w, nan.to(tl.int32)
 
 
 @triton.jit
@@ -525,20 +526,16 @@ def _block_pairs(row_ptr, block, window, SCORE_BITS: tl.constexpr):
     estimate, so that this work overlaps it."""
     start, end = window
     if SCORE_BITS == 32:
-        pair, low, w = _half_pairs32(row_ptr, block, 0, start, end)
-        pair_2, low_2, w_2 = _half_pairs32(row_ptr, block, 1, start, end)
+        keys, low, w, nan = _half_pairs32(row_ptr, block, 0, start, end)
+        keys_2, low_2, w_2, nan_2 = _half_pairs32(row_ptr, block, 1, start, end)
+        halves = (BLOCK - tl.sum(tl.sum(nan + nan_2, axis=1), axis=0), keys, low, w, keys_2, low_2, w_2)
     else:
         pair, w = _half_pairs(row_ptr, block, 0, start, end)
         pair_2, w_2 = _half_pairs(row_ptr, block, 1, start, end)
-        low, low_2 = None, None
-    keys, nan = _pair_keys(pair)
-    keys_2, nan_2 = _pair_keys(pair_2)
-    nans = tl.sum(tl.sum(nan + nan_2, axis=1), axis=0)  # even and odd tokens' NaNs, 16 bits each
-    valid = BLOCK - (nans & 0xFFFF) - (nans >> 16)
-    if SCORE_BITS == 32:
-        halves = (valid, keys, low, w, keys_2, low_2, w_2)
-    else:
-        halves = (valid, keys, w, keys_2, w_2)
+        keys, nan = _pair_keys(pair)
+        keys_2, nan_2 = _pair_keys(pair_2)
+        nans = tl.sum(tl.sum(nan + nan_2, axis=1), axis=0)  # even and odd tokens' NaNs, 16 bits each
+        halves = (BLOCK - (nans & 0xFFFF) - (nans >> 16), keys, w, keys_2, w_2)
     return halves
 
 
