@@ -545,16 +545,17 @@ def _filter_half(region, lows, order, low, w, kept, level_floor, probe, REGION: 
     ``kept`` of the region (with 32-bit scores their low halves ``low``,
     from slot ``kept`` of ``lows``; else both None); returns (kept, probe
     counts, the highest low half of the probe's tokens and 0xFFFF less
-    their lowest, -1 for none or 16-bit scores) with the half's added. Both tokens of a word at once (``order``: their keys,
-    ``_pair_keys``): a candidate iff its level (ord16 >> 1) reaches the
-    floor's (``level_floor``: (0x8000 - (floor >> 1)) in each half; the
-    sum sets the half's top bit iff it does, and never carries out of
-    it). The probe counts (``_probe_counts``): tokens whose level reaches
-    (probe + 1) >> 1, and tokens equal to the probe."""
+    their lowest, -1 for none or 16-bit scores) with the half's added.
+    Both tokens of a word at once (``order``: their keys, ``_pair_keys``):
+    a candidate iff its level (ord16 >> 1) reaches the floor's
+    (``level_floor``: (0x8000 - (floor >> 1)) in each half; the sum sets
+    the half's top bit iff it does, and never carries out of it). The
+    probe counts (``_probe_counts``): tokens whose level reaches (probe +
+    1) >> 1, and tokens equal to the probe."""
     take = (((order >> 1) & 0x7FFF7FFF) + level_floor) & -0x7FFF8000  # bits 15, 31: even, odd taken
     take_even = (take >> 15) & 1
     taken = take_even + ((take >> 31) & 1)
-    first = tl.sum(tl.sum(taken, axis=1), axis=0)
+    candidates = tl.sum(tl.sum(taken, axis=1), axis=0)
     second = tl.zeros((), dtype=tl.int32)
     highest = tl.full((), -1, tl.int32)
     lowest = tl.full((), -1, tl.int32)
@@ -584,7 +585,7 @@ def _filter_half(region, lows, order, low, w, kept, level_floor, probe, REGION: 
     if lows is not None:
         tl.store(lows + pos, low.to(tl.int16), mask=keep_even)
         tl.store(lows + pos + take_even, (low >> 16).to(tl.int16), mask=keep_odd)
-    return kept + first, second, highest, lowest
+    return kept + candidates, second, highest, lowest
 
 
 @triton.jit
