@@ -209,6 +209,15 @@ def _sample_boundaries(hist, r, r_lo):
 
 
 @triton.jit
+def _lowest_and_below(lowest, counts, below, lowest_2, counts_2, below_2):
+    """The combine of (lowest score, how many hold it | valid tokens << 16,
+    highest level): a reduction that counts the minimum as it finds it."""
+    low = tl.minimum(lowest, lowest_2)
+    at_low = tl.where(lowest == low, counts & 0xFFFF, 0) + tl.where(lowest_2 == low, counts_2 & 0xFFFF, 0)
+    return low, ((counts + counts_2) & ~0xFFFF) | at_low, tl.maximum(below, below_2)
+
+
+@triton.jit
 def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr, SCORE_BITS: tl.constexpr):
     """(probe, floor) of a row's valid tokens [start, end), ranked by their
     words' scores (``word_score``), from groups of GROUP adjacent tokens
@@ -231,7 +240,7 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
     levels, zeros, masked tails), it is the probe and the floor moves above
     it; otherwise the probe is the r-th score where more than 8 sampled
     tokens share its level, else none. Single scores are counted only in a
-    bin of more than 8 sampled tokens: most rows count none."""
+    bin that holds that many sampled tokens: most rows count none."""
     base = start // GROUP * GROUP
     length = end - base
     groups = tl.minimum((SAMPLE_RANK * length + GROUP * N - 1) // (GROUP * N), tl.minimum(length // GROUP, GROUPS))
@@ -253,20 +262,21 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
     hist = tl.histogram(near_bin(top, score >> 1, SAMPLE_BINS), SAMPLE_BINS, mask=valid)
     bucket, above, in_level, low_bucket, in_low_bucket = _sample_boundaries(hist, r, r_lo)
     bottom = tl.zeros((), dtype=tl.int32)
+    below = top
     if low_bucket == 0:  # rank r_lo lies past the fine levels: is it a tie at the lowest score (zeros, -inf)?
-        bottom = tl.min(tl.where(valid, score, 0xFFFF), axis=0)
-        split = tl.sum((valid & (score > bottom)).to(tl.int32) | ((score == bottom).to(tl.int32) << 16), axis=0)
-        bottom = tl.where(((split & 0xFFFF) < r_lo) & ((split >> 16) > r_lo + 16), bottom, 0)
+        # If not, the coarser levels count down from the highest level past the fine ones (from an outlier at
+        # the top, rank r_lo could lie past them too). One reduction finds both.
+        lowest, counts, below = tl.reduce(
+            (tl.where(valid, score, 0xFFFF), valid.to(tl.int32) * 0x10001,
+             tl.where(valid & ((score >> 1) <= top - (SAMPLE_BINS - 1)), score >> 1, 0)), 0, _lowest_and_below)
+        at_lowest = counts & 0xFFFF
+        bottom = tl.where(((counts >> 16) - at_lowest < r_lo) & (at_lowest > r_lo + 16), lowest, 0)
     if bottom != 0:
         probe = bottom
         floor = (bottom + 2) & ~1  # even: the pairs compare levels
     else:
         shift = tl.full((), 1, tl.int32)
         low_top = top
-        below = top
-        if low_bucket == 0:  # the coarser levels count down from the highest level past the fine ones: from an
-            # outlier at the top, rank r_lo could lie past them too
-            below = tl.max(tl.where(valid & ((score >> 1) <= top - (SAMPLE_BINS - 1)), score >> 1, 0), axis=0)
         for coarser in tl.static_range(2):
             if low_bucket == 0:
                 shift += 4 + 2 * coarser  # levels of 32 scores, then of 2048: the whole range
@@ -281,7 +291,7 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
         if (bucket > 0) & (in_level > 8):  # the r-th score: its level's upper or lower score
             upper = (top - (SAMPLE_BINS - 1) + bucket) * 2 + 1
             probe = tl.where(r - above <= tl.sum((valid & (score == upper)).to(tl.int32), axis=0), upper, upper - 1)
-        if (low_bucket >= 0) & (in_low_bucket > 8):  # the floor's bin: its highest score or the one below it
+        if (low_bucket >= 0) & (in_low_bucket > r_lo + 16):  # the floor's bin: its highest score or the one below
             most = tl.max(tl.where(valid & ((score >> shift) == floor_level), score, 0), axis=0)
             counts = tl.sum((valid & (score == most)).to(tl.int32) | ((valid & (score == most - 1)).to(tl.int32) << 16),
                             axis=0)
