@@ -66,7 +66,8 @@ MAX_GROUPS = 4096 // GROUP.value  # the estimate samples at most 4096 tokens
 SAMPLE_RANK = tl.constexpr(256)  # the sample is sized to hold about this many of the row's top-n
 MAX_ROOM = 8192  # candidates the finish holds in registers (16 a thread at its widest)
 SIGMAS = tl.constexpr(4)  # the estimate's margin, in standard deviations of the sample's count
-SAMPLE_BINS = tl.constexpr(128)  # the estimate's histograms: their cost grows with their bins, their reach too
+SAMPLE_BINS = tl.constexpr(128)  # the estimate's fine histogram: its cost grows with its bins, its reach too
+COARSE_BINS = tl.constexpr(64)  # its coarser levels' (of 32 scores they reach 16 binades; of 2048, every score)
 
 
 
@@ -233,14 +234,15 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
     (heavy tails, a few outliers, a tie far below a few scores), the lowest
     sampled score is asked first whether it holds rank r_lo with more than
     r_lo + 16 tokens (zeros below a few positives, a masked tail); if not,
-    levels of 32, then of 2048 scores rank it, counted down from the
-    highest level past the fine ones (an outlier at the top would leave
-    rank r_lo past them too). When the floor's bin's highest score, or the
-    one just below it, holds more sampled tokens than r_lo + 16 (ties: few
-    levels, zeros, masked tails), it is the probe and the floor moves above
-    it; otherwise the probe is the r-th score where more than 8 sampled
-    tokens share its level, else none. Single scores are counted only in a
-    bin that holds that many sampled tokens: most rows count none."""
+    COARSE_BINS levels of 32, then of 2048 scores rank it, counted down
+    from the highest level past the fine ones (an outlier at the top would
+    leave rank r_lo past them too). When the floor's bin's highest score,
+    or the one just below it, holds more sampled tokens than r_lo + 16
+    (ties: few levels, zeros, masked tails), it is the probe and the floor
+    moves above it; otherwise the probe is the r-th score where more than
+    8 sampled tokens share its level, else none. Single scores are counted
+    only in a bin that holds that many sampled tokens: most rows count
+    none."""
     base = start // GROUP * GROUP
     length = end - base
     groups = tl.minimum((SAMPLE_RANK * length + GROUP * N - 1) // (GROUP * N), tl.minimum(length // GROUP, GROUPS))
@@ -276,14 +278,14 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
         floor = (bottom + 2) & ~1  # even: the pairs compare levels
     else:
         shift = tl.full((), 1, tl.int32)
-        low_top = top
+        floor_level = top - (SAMPLE_BINS - 1) + low_bucket
         for coarser in tl.static_range(2):
             if low_bucket == 0:
                 shift += 4 + 2 * coarser  # levels of 32 scores, then of 2048: the whole range
                 low_top = below >> (shift - 1)  # the anchor level's group: shifts keep the maximum
                 low_bucket, _, in_low_bucket = radix_boundary(
-                    tl.histogram(near_bin(low_top, score >> shift, SAMPLE_BINS), SAMPLE_BINS, mask=valid), r_lo)
-        floor_level = low_top - (SAMPLE_BINS - 1) + low_bucket
+                    tl.histogram(near_bin(low_top, score >> shift, COARSE_BINS), COARSE_BINS, mask=valid), r_lo)
+                floor_level = low_top - (COARSE_BINS - 1) + low_bucket
         floor = tl.where(low_bucket >= 0, floor_level << shift, 0)
         probe = tl.zeros((), dtype=tl.int32)
         # Single scores are counted only in a bin that holds enough sampled
