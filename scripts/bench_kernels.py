@@ -5,7 +5,9 @@ is timed as a CUDA-graph replay, as serving engines run it: a graph of CALLS
 calls, each on its own copy of the inputs, L2 flushed before each replay;
 per call, the median of REPS replays (nvshmem_topk.timing.median_us). Every
 timed output is checked against the reference. Prints, per shape, each family's time, its ratio to i.i.d.
-normal and the baseline; writes JSON.
+normal and the baseline; writes JSON. Each kernel's own time (torch.profiler,
+without PDL) is taken after every timing, so that no timing follows a
+profile (one graph has timed 2 µs faster after a profile than before it).
 
     python scripts/bench_kernels.py --out results.json [--families normal smooth] [--skip-merge] [--fp32]
 
@@ -36,6 +38,7 @@ from nvshmem_topk.timing import SimulatedMerge, graphed, kernel_times, median_us
 
 CALLS = 10
 REPS = 200
+PROFILES = []  # (result, its key, fn): each kernel's own time, taken after every timing
 PACK_SHAPES = ((64, 131072), (8, 131072), (64, 16384), (256, 65536))
 
 
@@ -68,12 +71,13 @@ def bench_pack(rows, width, family, gen, n=384, per_kernel=False, copies=None, m
     t_topk = bench(graphed_calls(lambda i: copies[i].topk(n, dim=1), range(CALLS)).replay, CALLS)
     exact = all(torch.equal(outs[i], reference.pack(copies[i], ends, n, max_local_len, score_bits=score_bits))
                 for i in range(CALLS))
-    own = {}
-    if per_kernel:
-        # each kernel's own time: without PDL a kernel's profile does not cover its prior's
-        own = kernel_times(graphed_calls(lambda i: pack(i, pdl=False), range(CALLS)).replay)
-    return dict(T=rows, S=width, N=n, family=family, pack_us=t_pack, torch_topk_us=t_topk, exact=exact,
-                kernels_us={name.split("_kernel")[0]: us / CALLS for name, us in own.items()})
+    result = dict(T=rows, S=width, N=n, family=family, pack_us=t_pack, torch_topk_us=t_topk, exact=exact,
+                  kernels_us={})
+    if per_kernel:  # without PDL a kernel's profile does not cover its prior's
+        PROFILES.append((result, "kernels_us", lambda: {
+            name.split("_kernel")[0]: us / CALLS
+            for name, us in kernel_times(graphed_calls(lambda i: pack(i, pdl=False), range(CALLS)).replay).items()}))
+    return result
 
 
 def merge_inputs(family, world, rows, width, interleave, gen, boost_rank=None, dtype=torch.bfloat16):
@@ -96,15 +100,35 @@ def bench_merge(logits, interleave, k=2048, per_kernel=False, score_dtype=None):
         run()
         exact = bool(torch.equal(run.ids, expected))
         saturated = sum(int(fmt.sat_mask(ws.sat[:rows], ws.score_bits).ne(0).sum()) for ws in run.workspaces)
-        kernels = {}
-        if per_kernel:
-            with without_pdl(run.workspaces):
-                kernels = {name.split("_kernel")[0]: us / world
-                           for name, us in kernel_times(graphed(run).replay).items()}
-    finally:
+    except BaseException:
         run.destroy()
-    return dict(W=world, T=rows, S=width, I=interleave, merge_us=t_graph, generic_by_rank_us=t_by_rank,
-                exact=exact, saturated_rows=saturated, kernels_per_rank_us=kernels)
+        raise
+    result = dict(W=world, T=rows, S=width, I=interleave, merge_us=t_graph, generic_by_rank_us=t_by_rank,
+                  exact=exact, saturated_rows=saturated, kernels_per_rank_us={})
+    if per_kernel:
+        def profile():
+            try:
+                with without_pdl(run.workspaces):
+                    return {name.split("_kernel")[0]: us / world
+                            for name, us in kernel_times(graphed(run).replay).items()}
+            finally:
+                run.destroy()
+        PROFILES.append((result, "kernels_per_rank_us", profile))
+    else:
+        run.destroy()
+    return result
+
+
+def profile_kernels(save) -> None:
+    """Each kernel's own time of every result that asked for it, after
+    every timing; printed by result."""
+    print("own kernel times (µs; no PDL, torch.profiler), after every timing:")
+    for result, key, fn in PROFILES:
+        result[key] = fn()
+        save()
+        name = " ".join(f"{k}={result[k]}" for k in ("T", "S", "W", "I", "family", "score_dtype") if k in result)
+        print(f"  {name}: " + " ".join(f"{k} {v:.1f}" for k, v in result[key].items()), flush=True)
+    PROFILES.clear()
 
 
 def main() -> None:
@@ -130,10 +154,18 @@ def main() -> None:
     print(f"# {results['gpu']}: microseconds per call (graphs of {CALLS} calls over distinct inputs, medians)")
     shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes]
     if args.fp32:
-        return bench_fp32(families, () if args.skip_pack else shapes, () if args.skip_merge else args.interleaves,
-                          gen, results, save)
-    for rows, width in () if args.skip_pack else shapes:
-        print(f"pack [{rows}, {width}] N=384   family  pack  vs-normal  torch.topk  exact  kernels (own, no PDL)")
+        bench_fp32(families, () if args.skip_pack else shapes, () if args.skip_merge else args.interleaves, gen,
+                   results, save)
+    else:
+        bench_bf16(families, args, () if args.skip_pack else shapes, gen, results, save)
+    profile_kernels(save)
+
+
+def bench_bf16(families, args, shapes, gen, results, save) -> None:
+    """Every family of the pack at ``shapes``, then (unless skipped) the
+    simulated merges."""
+    for rows, width in shapes:
+        print(f"pack [{rows}, {width}] N=384   family  pack  vs-normal  torch.topk  exact")
         normal = None
         for family in families:
             r = bench_pack(rows, width, family, gen, per_kernel=args.per_kernel or family in ("normal", "all_equal"))
@@ -141,7 +173,7 @@ def main() -> None:
             save()
             normal = normal or r["pack_us"]
             print(f"  {family:<18}{r['pack_us']:8.1f}{r['pack_us'] / normal:8.2f}x{r['torch_topk_us']:10.1f}"
-                  f"  {r['exact']}  " + " ".join(f"{k} {v:.1f}" for k, v in r["kernels_us"].items()), flush=True)
+                  f"  {r['exact']}", flush=True)
     if args.skip_merge:
         return
     world, k = 8, 2048
@@ -156,8 +188,8 @@ def main() -> None:
             save()
             normal = normal or r["merge_us"]
             print(f"  {family:<18}{r['merge_us']:8.1f}{r['merge_us'] / normal:8.2f}x{r['generic_by_rank_us']:10.1f}"
-                  f"{r['generic_by_rank_us'] / r['merge_us']:8.1f}x  exact={r['exact']} saturated={r['saturated_rows']}"
-                  "  per rank: " + " ".join(f"{k} {v:.1f}" for k, v in r["kernels_per_rank_us"].items()), flush=True)
+                  f"{r['generic_by_rank_us'] / r['merge_us']:8.1f}x  exact={r['exact']} saturated={r['saturated_rows']}",
+                  flush=True)
     for rows, width in () if args.skip_rank0_best else ((8, 131072), (64, 16384)):
         base = bench_merge(merge_inputs("normal", world, rows, width, 1, gen), 1, k)
         best = bench_merge(merge_inputs("normal", world, rows, width, 1, gen, boost_rank=0), 1, k, per_kernel=True)
@@ -167,8 +199,7 @@ def main() -> None:
         print(f"merge W={world} T={rows} S={width}: unsaturated {base['merge_us']:.1f}, rank 0 holds the best "
               f"{best['merge_us']:.1f} ({best['merge_us'] / base['merge_us']:.2f}x; saturated rows "
               f"{best['saturated_rows']}, exact {base['exact']} {best['exact']}); generic by rank "
-              f"{best['generic_by_rank_us']:.1f}  per rank: "
-              + " ".join(f"{k} {v:.1f}" for k, v in best["kernels_per_rank_us"].items()), flush=True)
+              f"{best['generic_by_rank_us']:.1f}", flush=True)
 
 
 def bench_fp32(families, shapes, interleaves, gen, results, save) -> None:
@@ -178,8 +209,7 @@ def bench_fp32(families, shapes, interleaves, gen, results, save) -> None:
     beside the generic merge on the fp32 scores."""
     dev, fp32 = torch.device("cuda"), torch.float32
     for rows, width in shapes:
-        print(f"fp32 pack [{rows}, {width}] N=384   family  fp32  bf16  ratio  torch.topk(fp32)  exact  kernels "
-              "(fp32 / bf16)")
+        print(f"fp32 pack [{rows}, {width}] N=384   family  fp32  bf16  ratio  torch.topk(fp32)  exact")
         for family in families:
             copies = [family_scores(family, rows, width, gen, dev, fp32) for _ in range(CALLS)]
             exact32 = bench_pack(rows, width, family, gen, copies=copies, score_dtype=fp32,
@@ -190,9 +220,7 @@ def bench_fp32(families, shapes, interleaves, gen, results, save) -> None:
             save()
             print(f"  {family:<18}{exact32['pack_us']:8.1f}{rounded['pack_us']:8.1f}"
                   f"{exact32['pack_us'] / rounded['pack_us']:8.2f}x{exact32['torch_topk_us']:10.1f}"
-                  f"  {exact32['exact']} {rounded['exact']}  "
-                  + " ".join(f"{k} {v:.1f} / {rounded['kernels_us'][k]:.1f}"
-                             for k, v in exact32["kernels_us"].items()), flush=True)
+                  f"  {exact32['exact']} {rounded['exact']}", flush=True)
     world, rows, width, k = 8, 64, 16384, 2048
     for interleave in interleaves:
         print(f"fp32 merge W={world} T={rows} S={width} I={interleave}   family  fp32  bf16  ratio  "
@@ -206,9 +234,7 @@ def bench_fp32(families, shapes, interleaves, gen, results, save) -> None:
             print(f"  {family:<18}{exact32['merge_us']:8.1f}{rounded['merge_us']:8.1f}"
                   f"{exact32['merge_us'] / rounded['merge_us']:8.2f}x{exact32['generic_by_rank_us']:10.1f}"
                   f"{exact32['generic_by_rank_us'] / exact32['merge_us']:8.1f}x  {exact32['exact']} {rounded['exact']}"
-                  f" saturated={exact32['saturated_rows']}  per rank (fp32 / bf16): "
-                  + " ".join(f"{k} {v:.1f} / {rounded['kernels_per_rank_us'].get(k, 0):.1f}"
-                             for k, v in exact32["kernels_per_rank_us"].items()), flush=True)
+                  f" saturated={exact32['saturated_rows']}", flush=True)
 
 
 if __name__ == "__main__":
