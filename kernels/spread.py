@@ -241,8 +241,7 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
     (ties: few levels, zeros, masked tails), it is the probe and the floor
     moves above it; otherwise the probe is the r-th score where more than
     8 sampled tokens share its level, else none. Single scores are counted
-    only in a bin that holds that many sampled tokens: most rows count
-    none."""
+    only in a bin that can hold such a tie: most rows count none."""
     base = start // GROUP * GROUP
     length = end - base
     groups = tl.minimum((SAMPLE_RANK * length + GROUP * N - 1) // (GROUP * N), tl.minimum(length // GROUP, GROUPS))
