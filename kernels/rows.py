@@ -142,7 +142,14 @@ def line_positions(flags):
 
 
 @triton.jit
-def bisected_threshold(score, need, lowest, highest):
+def _least_and_count(least, count, least_2, count_2):
+    """The combine of (least score, how many hold it)."""
+    low = tl.minimum(least, least_2)
+    return low, tl.where(least == low, count, 0) + tl.where(least_2 == low, count_2, 0)
+
+
+@triton.jit
+def bisected_threshold(score, need, lowest, highest, DISTINCT: tl.constexpr = False):
     """(t, above): the largest ord16 t with at least ``need`` of the ``score``s
     (any shape, 0 for invalid tokens) >= t, 0 when fewer are valid; and how
     many are above t, the count of the last bit that failed (its candidate
@@ -155,30 +162,45 @@ def bisected_threshold(score, need, lowest, highest):
     fifteen compare levels (the score without its last bit: even candidates)
     two to an int32, a 16-bit field each: level + 0x8000 - c sets the
     field's top bit iff level >= c, and never carries out of it; the last
-    compares whole scores."""
+    compares whole scores. DISTINCT (scores that seldom tie, such as the
+    low halves of fp32 scores that share a top half): when a count with two
+    or more bits left finds exactly ``need`` scores at or above its
+    candidate, t is the least of them, and one reduction (the least and how
+    many hold it) ends the search; such scores part there after a few bits.
+    Tied scores (bf16's) seldom part exactly: the check would cost them
+    more than it saves."""
     level = tl.reshape(score >> 1, (score.numel // 2, 2), can_reorder=True)  # counts need no order
     even, odd = tl.split(level)
     pairs = even | (odd << 16)
     score = tl.reshape(score, (score.numel,), can_reorder=True)
     threshold = tl.zeros((), dtype=tl.int32)
     above = tl.zeros((), dtype=tl.int32)  # no bit failed: none is above t
+    parted = tl.zeros((), dtype=tl.int32)  # 1: exactly need scores reach ``threshold``
     for bit in tl.static_range(15, -1, -1):
-        candidate = threshold | (1 << bit)
-        if candidate <= lowest:
-            threshold = candidate
-        elif candidate <= highest:
-            if bit > 0:
-                reached = ((pairs + (0x8000 - (candidate >> 1)) * 0x10001) >> 15) & 0x10001  # bit 31 lands on 16
-                fields = tl.sum(reached, axis=0)  # each field at most ROW / 2
-                reached = (fields & 0xFFFF) + (fields >> 16)
-            else:
-                reached = tl.sum((score >= candidate).to(tl.int32), axis=0)
-            if reached >= need:
+        if parted == 0:
+            candidate = threshold | (1 << bit)
+            if candidate <= lowest:
                 threshold = candidate
+            elif candidate <= highest:
+                if bit > 0:
+                    reached = ((pairs + (0x8000 - (candidate >> 1)) * 0x10001) >> 15) & 0x10001  # bit 31 lands on 16
+                    fields = tl.sum(reached, axis=0)  # each field at most ROW / 2
+                    reached = (fields & 0xFFFF) + (fields >> 16)
+                else:
+                    reached = tl.sum((score >= candidate).to(tl.int32), axis=0)
+                if reached >= need:
+                    threshold = candidate
+                    if DISTINCT and bit >= 2:
+                        parted = (reached == need).to(tl.int32)
+                else:
+                    above = reached
             else:
-                above = reached
-        else:
-            above = tl.zeros((), dtype=tl.int32)
+                above = tl.zeros((), dtype=tl.int32)
+    if DISTINCT and parted != 0:
+        reaching = score >= threshold
+        threshold, ties = tl.reduce((tl.where(reaching, score, 0x10000), reaching.to(tl.int32)), 0,
+                                    _least_and_count)
+        above = need - ties
     return threshold, above
 
 
@@ -199,7 +221,7 @@ def bisected_threshold32(order, order2, need, lowest, highest=0xFFFF):
     if top_t != 0:
         # A low half of 0 is counted as if invalid, as a threshold of 0 needs.
         low = tl.join(order & 0xFFFF, order2 & 0xFFFF)
-        low_t, low_above = bisected_threshold(tl.where(top == top_t, low, 0), need - above, 0, 0xFFFF)
+        low_t, low_above = bisected_threshold(tl.where(top == top_t, low, 0), need - above, 0, 0xFFFF, True)
         threshold = fp32_order(top_t, low_t)
         above += low_above
     return threshold, above

@@ -56,21 +56,22 @@ def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.co
 def bisected_threshold_kernel(out_ptr, score_ptr, need_ptr, TILE: tl.constexpr):
     """Per program: ``bisected_threshold`` of score_ptr[case] (ord16 as
     int32, 0 for invalid tokens) for need_ptr[case], (threshold, above)
-    unbounded at out_ptr[4 * case] and, at out_ptr[4 * case + 2], bounded as
+    unbounded at out_ptr[8 * case] and, at out_ptr[8 * case + 2], bounded as
     the finish bounds its candidates (their lowest score when they hold
-    need, and their highest)."""
+    need, and their highest); the same with DISTINCT at out_ptr[8 * case + 4]."""
     case = tl.program_id(0).to(tl.int64)
     score = tl.load(score_ptr + case * TILE + tl.arange(0, TILE))
     need = tl.load(need_ptr + case)
     valid = score != 0
     lowest = tl.where(tl.sum(valid.to(tl.int32), axis=0) >= need, tl.min(tl.where(valid, score, 0xFFFF), axis=0), 0)
-    for bounded in tl.static_range(2):
-        if bounded:
-            threshold, above = bisected_threshold(score, need, lowest, tl.max(score, axis=0))
-        else:
-            threshold, above = bisected_threshold(score, need, 0, 0xFFFF)
-        tl.store(out_ptr + 4 * case + 2 * bounded, threshold)
-        tl.store(out_ptr + 4 * case + 2 * bounded + 1, above)
+    for distinct in tl.static_range(2):
+        for bounded in tl.static_range(2):
+            if bounded:
+                threshold, above = bisected_threshold(score, need, lowest, tl.max(score, axis=0), distinct == 1)
+            else:
+                threshold, above = bisected_threshold(score, need, 0, 0xFFFF, distinct == 1)
+            tl.store(out_ptr + 8 * case + 4 * distinct + 2 * bounded, threshold)
+            tl.store(out_ptr + 8 * case + 4 * distinct + 2 * bounded + 1, above)
 
 
 @triton.jit

@@ -559,7 +559,9 @@ def test_bisected_threshold_is_the_need_th_largest_score(device):
     scores are above it, against their definitions: scores spread from the
     least valid ord16 to +inf (both present), half of them masked,
     all-equal and two-level rows on both sides of an odd/even step, a narrow
-    cluster, and needs past the valid count (0)."""
+    cluster, and needs past the valid count (0). Also with DISTINCT, whose
+    search ends where a count parts exactly need scores (the spread rows
+    part there)."""
     from kernel_probes import bisected_threshold_kernel
 
     from nvshmem_topk.kernels.keys import MIN_VALID
@@ -581,13 +583,13 @@ def test_bisected_threshold_is_the_need_th_largest_score(device):
         cases.append((0xBFF8 + torch.randint(0, 16, (tile,), generator=gen), need))  # across a carry of bits
     scores = torch.stack([c[0] for c in cases]).to(torch.int32)
     needs = torch.tensor([c[1] for c in cases], dtype=torch.int32)
-    out = torch.empty((len(cases), 4), dtype=torch.int32, device=device)
+    out = torch.empty((len(cases), 8), dtype=torch.int32, device=device)
     bisected_threshold_kernel[(len(cases),)](out, scores.to(device), needs.to(device), TILE=tile)
     for case, (score, need) in enumerate(zip(scores, needs.tolist())):
         kept = score[score != 0].sort(descending=True).values
         want = int(kept[need - 1]) if kept.numel() >= need else 0
         above = int((score > want).sum()) if want else kept.numel()
-        assert out[case].tolist() == [want, above] * 2, (case, need)
+        assert out[case].tolist() == [want, above] * 4, (case, need)
 
 
 @needs_triton
