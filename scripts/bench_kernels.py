@@ -216,7 +216,8 @@ def bench_fp32(families, shapes, interleaves, gen, results, save) -> None:
                                  per_kernel=family == "normal")
             rounded = bench_pack(rows, width, family, gen, copies=[c.bfloat16() for c in copies],
                                  per_kernel=family == "normal")
-            results["pack"] += [dict(exact32, score_dtype="float32"), rounded]
+            exact32["score_dtype"] = "float32"  # in place: a profile fills these dicts after every timing
+            results["pack"] += [exact32, rounded]
             save()
             print(f"  {family:<18}{exact32['pack_us']:8.1f}{rounded['pack_us']:8.1f}"
                   f"{exact32['pack_us'] / rounded['pack_us']:8.2f}x{exact32['torch_topk_us']:10.1f}"
@@ -229,7 +230,9 @@ def bench_fp32(families, shapes, interleaves, gen, results, save) -> None:
             logits = merge_inputs(family, world, rows, width, interleave, gen, dtype=fp32)
             exact32 = bench_merge(logits, interleave, k, per_kernel=family == "normal", score_dtype=fp32)
             rounded = bench_merge(logits.bfloat16(), interleave, k, per_kernel=family == "normal")
-            results["merge"] += [dict(exact32, family=family, score_dtype="float32"), dict(rounded, family=family)]
+            exact32.update(family=family, score_dtype="float32")
+            rounded["family"] = family
+            results["merge"] += [exact32, rounded]
             save()
             print(f"  {family:<18}{exact32['merge_us']:8.1f}{rounded['merge_us']:8.1f}"
                   f"{exact32['merge_us'] / rounded['merge_us']:8.2f}x{exact32['generic_by_rank_us']:10.1f}"
