@@ -19,15 +19,15 @@
 #            the default run)
 #   primitives  the latency of Triton's block-wide steps in one program (scripts/bench_primitives.py; not in
 #            the default run)
-#   placement  the [64, 131072] pack's time against where its graph's buffers lie and the GPU's clocks
-#            (scripts/bench_placement.py; not in the default run)
+#   first-graphs  a fresh process's first graphs against the same graphs once it has captured more
+#            (scripts/bench_first_graphs.py; not in the default run)
 #   profile  Nsight Compute over one simulated merge, or what PROFILE_ARGS names (scripts/profile_kernels.py;
 #            not in the default run), with each kernel's SASS instruction counts and stall samples
 #            (scripts/sass_summary.py)
 # Installs first: the nvshmem4py wheel from .whl/, MPICH (the mpich wheel) from .whl/launcher/, when carried.
 # Logs and results go under $OUT.
 #   run: bash scripts/device_run.sh [kernels] [merge] [merge-library] [tests] [serving] [cli] [launch] [branches]
-#        [primitives] [placement] [profile]
+#        [primitives] [first-graphs] [profile]
 #        (BENCH_ARGS narrows the kernel benchmark, MERGE_ARGS the merge one, PROFILE_ARGS the profile, TEST_FILES,
 #        TEST_MARK (default gpu; empty: every test of the files, on the GPU), TEST_K (one -k expression, kept whole)
 #        and TEST_ARGS (split on spaces) the tests, e.g. TEST_MARK= TEST_K="every_path or pushed_list")
@@ -98,8 +98,8 @@ for step in $STEPS; do
       tar czf "$OUT/branches.tgz" -C /tmp/branches . ;;
     primitives)
       timeout 300 python3 scripts/bench_primitives.py 2>&1 | grep -v -i warn | tee "$OUT/primitives.log" ;;
-    placement)
-      timeout 200 python3 scripts/bench_placement.py 2>&1 | grep -v -i warn | tee "$OUT/placement.log" ;;
+    first-graphs)
+      timeout 200 python3 scripts/bench_first_graphs.py 2>&1 | grep -v -i warn | tee "$OUT/first_graphs.log" ;;
     profile)  # --clock-control none: leave the GPU's clocks as they are
       { timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes \
           -o "$OUT/kernels" -f python3 scripts/profile_kernels.py ${PROFILE_ARGS:-}
@@ -113,6 +113,6 @@ for step in $STEPS; do
         tar czf "$OUT/profile_sass.tgz" -C /tmp/sass .
       } 2>&1 | grep -v -i warn | tee "$OUT/profile.log" | tail -60 ;;
     *) echo "unknown step $step (kernels, merge, merge-library, tests, serving, cli, launch, branches, primitives," \
-            "placement, profile)"; exit 2 ;;
+            "first-graphs, profile)"; exit 2 ;;
   esac
 done
