@@ -64,11 +64,11 @@ def settle_graph_launches() -> None:
     """Capture ten CUDA graphs of 200 small kernels each on the current
     device, once a process, and keep them. On the H200 a process's first
     graphs replay slower than later ones: the pack's graph at [64, 131072]
-    takes 23.3 µs a call until the process has captured a few hundred
-    kernels in graphs, then 21.4, the graphs captured before included,
-    whatever their buffers (``scripts/bench_first_graphs.py``). A serving
-    engine captures far more than that before it serves, so every timed
-    graph is captured in that state."""
+    takes 23.3 µs a call until the process has captured a few graphs (the
+    third or fourth such graph; these ten at once), then 21.4, the graphs
+    captured before included, whatever their buffers
+    (``scripts/bench_first_graphs.py``). A serving engine captures many
+    graphs before it serves, so every timed graph is timed in that state."""
     device = torch.cuda.current_device()
     if device in _SETTLING_GRAPHS:
         return
