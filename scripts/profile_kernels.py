@@ -5,9 +5,11 @@ calls between cudaProfilerStart and cudaProfilerStop are profiled.
     ncu --clock-control none --profile-from-start off --set full -o kernels -f \
         python3 scripts/profile_kernels.py [--world-size 2 --rows 64 --width 65536] [--pack 384]
 
-The merge runs on a simulated group of W ranks on this GPU: each rank's
-pack (three kernels, the finish pushing), select and rescue, stage by stage, so every
-kernel is profiled W times and no select waits for a peer."""
+``--pack`` takes ``--family`` (one of ``testing.SCORE_FAMILIES``) and
+``--fp32`` (fp32 scores, ranked in exact fp32 order). The merge runs on a
+simulated group of W ranks on this GPU: each rank's pack (three kernels,
+the finish pushing), select and rescue, stage by stage, so every kernel is
+profiled W times and no select waits for a peer."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 
 import nvshmem_topk as nt
 from nvshmem_topk.format import default_local_topk
+from nvshmem_topk.testing import SCORE_FAMILIES, family_scores
 from nvshmem_topk.timing import SimulatedMerge
 
 
@@ -27,11 +30,13 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=65536)
     parser.add_argument("--topk", type=int, default=2048)
     parser.add_argument("--pack", type=int, metavar="N",
-                        help="profile one pack of N tokens a row over [rows, width] i.i.d. normal bf16 scores instead")
+                        help="profile one pack of N tokens a row over [rows, width] bf16 scores instead")
+    parser.add_argument("--family", default="normal", choices=SCORE_FAMILIES, help="the pack's scores")
+    parser.add_argument("--fp32", action="store_true", help="the pack's scores fp32, ranked in exact fp32 order")
     args = parser.parse_args()
     dev = torch.device("cuda")
     if args.pack:
-        profile_pack(args.rows, args.width, args.pack, dev)
+        profile_pack(args.rows, args.width, args.pack, dev, args.family, torch.float32 if args.fp32 else None)
         return
     world, rows, width, k = args.world_size, args.rows, args.width, args.topk
     n = default_local_topk(k, world)
@@ -50,12 +55,13 @@ def main() -> None:
     merge.destroy()
 
 
-def profile_pack(rows: int, width: int, n: int, dev: torch.device) -> None:
-    logits = torch.randn(rows, width, device=dev, generator=torch.Generator(device=dev).manual_seed(0)).bfloat16()
+def profile_pack(rows: int, width: int, n: int, dev: torch.device, family: str, score_dtype) -> None:
+    gen = torch.Generator(device=dev).manual_seed(0)
+    logits = family_scores(family, rows, width, gen, dev, score_dtype or torch.bfloat16)
     ends = torch.full((rows,), width, dtype=torch.int32, device=dev)
 
     def pack(impl: str) -> torch.Tensor:
-        return nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=width, impl=impl)
+        return nt.dcp_topk_pack(logits, ends, local_topk=n, max_local_len=width, impl=impl, score_dtype=score_dtype)
 
     pack("triton")  # compiles every kernel
     torch.cuda.synchronize()
@@ -64,7 +70,7 @@ def profile_pack(rows: int, width: int, n: int, dev: torch.device) -> None:
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     exact = torch.equal(out, pack("reference"))
-    print(f"T={rows} S={width} N={n}: one pack profiled, exact={exact}")
+    print(f"T={rows} S={width} N={n} family={family} score_dtype={score_dtype}: one pack profiled, exact={exact}")
 
 
 if __name__ == "__main__":
