@@ -495,18 +495,32 @@ def _half_pairs(row_ptr, block, half, start, end):
 
 
 @triton.jit
-def _half_pairs32(row_ptr, block, half, start, end):
-    """``_half_pairs`` of an fp32 row, keyed, as [HALF / 4, 2] (a thread
-    loads 4 tokens, 16 bytes, at once): (int32 pairs of the top halves of
-    the tokens' fp32 orders, the words' scores, and pairs of their low
-    halves, both 0 for NaN, as ``_pair_keys`` keys; word ids; 1 for each
-    NaN token, [HALF / 4, 4]). NaN outside the valid tokens [start, end)."""
-    t = block * BLOCK + half * HALF + tl.arange(0, HALF // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+def _half_ids32(block, half):
+    """The local ids of half a block of an fp32 row, as [HALF / 4, 4]: a
+    thread loads 4 tokens, 16 bytes, at once."""
+    return block * BLOCK + half * HALF + tl.arange(0, HALF // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
+
+
+@triton.jit
+def _half_bits32(row_ptr, block, half, start, end):
+    """The fp32 bits (int32) of half a block of an fp32 row
+    (``_half_ids32``), NaN outside the valid tokens [start, end)."""
+    t = _half_ids32(block, half)
     ptrs = row_ptr.to(tl.pointer_type(tl.int32)) + t
     if (block * BLOCK >= start) & ((block + 1) * BLOCK <= end):
         bits = tl.load(ptrs)
     else:
         bits = tl.load(ptrs, mask=(t >= start) & (t < end), other=0x7FC00000)
+    return bits
+
+
+@triton.jit
+def _half_keys32(bits, block, half):
+    """``_half_pairs`` of an fp32 row, keyed from its bits
+    (``_half_bits32``), as [HALF / 4, 2]: (int32 pairs of the top halves of
+    the tokens' fp32 orders, the words' scores, and pairs of their low
+    halves, both 0 for NaN, as ``_pair_keys`` keys; word ids; 1 for each
+    NaN token, [HALF / 4, 4])."""
     nan = (bits & 0x7FFFFFFF) > 0x7F800000
     # ``keys.folded32`` ^ NO_SCORE32 (ord32, NaN at 0), written out: through folded32 the fp32 filter
     # compiles to 32 to 64 more instructions (sm_90), which the pushed lists' filter runs after its wait
@@ -514,7 +528,7 @@ def _half_pairs32(row_ptr, block, half, start, end):
     even, odd = tl.split(tl.reshape(order, (HALF // 4, 2, 2)))  # adjacent tokens, in the thread
     keys = ((even >> 16) & 0xFFFF) | (odd & -0x10000)
     low = (even & 0xFFFF) | (odd << 16)
-    w = tl.split(tl.reshape(t, (HALF // 4, 2, 2)))[0] >> 1
+    w = tl.split(tl.reshape(_half_ids32(block, half), (HALF // 4, 2, 2)))[0] >> 1
     return keys, low, w, nan.to(tl.int32)
 
 
@@ -534,13 +548,17 @@ def _block_pairs(row_ptr, block, window, SCORE_BITS: tl.constexpr):
     """Both halves of a block, loaded at once, and what of them needs no
     floor: (the block's valid tokens, then (keys, word ids) of each half
     (``_half_pairs``, ``_pair_keys``), or with 32-bit scores (keys, low
-    halves, word ids) of each (``_half_pairs32``)); ``window``: the row's
+    halves, word ids) of each (``_half_keys32``)); ``window``: the row's
     valid tokens (start, end). The filter calls it before it waits for the
     estimate, so that this work overlaps it."""
     start, end = window
     if SCORE_BITS == 32:
-        keys, low, w, nan = _half_pairs32(row_ptr, block, 0, start, end)
-        keys_2, low_2, w_2, nan_2 = _half_pairs32(row_ptr, block, 1, start, end)
+        # Both halves' loads are issued before either is keyed: keyed one after the other, the 128-register
+        # cap let ptxas issue the second half's loads only after the first's data arrived (two round trips).
+        bits = _half_bits32(row_ptr, block, 0, start, end)
+        bits_2 = _half_bits32(row_ptr, block, 1, start, end)
+        keys, low, w, nan = _half_keys32(bits, block, 0)
+        keys_2, low_2, w_2, nan_2 = _half_keys32(bits_2, block, 1)
         halves = (BLOCK - tl.sum(tl.sum(nan + nan_2, axis=1), axis=0), keys, low, w, keys_2, low_2, w_2)
     else:
         pair, w = _half_pairs(row_ptr, block, 0, start, end)
