@@ -262,7 +262,8 @@ def store_words(out_row, pos, order, local, keep, N: tl.constexpr, PLANES: tl.co
     """The kept tokens' words into slots ``pos`` of a zeroed packed row, and
     their id bits above 16 into the planes (tokens written by different
     threads, or programs, may share a plane word). ``order``: ord16, or
-    with ``lows`` (int16, where the low halves go) the fp32 order
+    with ``lows`` (where the low halves go: int16 in a packed row, int32 in
+    the pack's scratch) the fp32 order
     (``token_order``)."""
     if lows is None:
         score = order

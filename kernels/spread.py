@@ -76,7 +76,8 @@ COARSE_BINS = tl.constexpr(64)  # its coarser levels' (of 32 scores they reach 1
 # path a row took) and the radix spans' arrivals, then per block its counts,
 # per span the size of its own top-n (radix rows), per block its region
 # (candidate words; a radix span's top-n in its first), and with 32-bit
-# scores the regions' low halves (int16, slot for slot).
+# scores the regions' low halves (int32, slot for slot: a low half's store
+# then shares its word's address; readers take the low 16 bits).
 FLOOR, PROBE, MODE, RADIX_ARRIVALS, HEADER = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3),
                                               tl.constexpr(4))
 # valid tokens, candidates, >= probe, > probe; with 32-bit scores, the
@@ -127,7 +128,7 @@ class Plan:
 
     @property
     def scratch_words(self) -> int:
-        return self.lows_at + (self.blocks_p2 * self.region // 2 if self.score_bits == 32 else 0)
+        return self.lows_at + (self.blocks_p2 * self.region if self.score_bits == 32 else 0)
 
 
 def _margin(rank: float) -> float:
@@ -444,7 +445,7 @@ def _filter_block32(scratch, parts, block, REGION: tl.constexpr, REGIONS_AT: tl.
         pos = (first >> 16) + line_positions(flag)
         listed = candidate & (pos < REGION)
         tl.store(region + pos, packed_word(folded + 0x8000, local), mask=listed)
-        tl.store(lows + pos, order.to(tl.int16), mask=listed)
+        tl.store(lows + pos, order, mask=listed)
         first += tl.sum(tl.sum(valid.to(tl.int32) | (flag << 16), axis=1), axis=0)
         if probe != 0:
             reach = valid & (folded >= probe - 0x8000)
@@ -614,8 +615,8 @@ def _filter_half(region, lows, order, low, w, kept, level_floor, probe, REGION: 
     tl.store(region + pos, (order << 16) | id_even, mask=keep_even)
     tl.store(region + pos + take_even, (order & -0x10000) | (id_even - 1), mask=keep_odd)
     if lows is not None:
-        tl.store(lows + pos, low.to(tl.int16), mask=keep_even)
-        tl.store(lows + pos + take_even, (low >> 16).to(tl.int16), mask=keep_odd)
+        tl.store(lows + pos, low, mask=keep_even)
+        tl.store(lows + pos + take_even, low >> 16, mask=keep_odd)
     return kept + candidates, second, highest, lowest
 
 
@@ -792,10 +793,10 @@ def _write_span(out_row, lows, logits_ptr, row, logits_stride, span, blocks, win
 
 @triton.jit
 def _region_lows(scratch, LOWS_AT: tl.constexpr, SCORE_BITS: tl.constexpr):
-    """The regions' low halves (int16, slot for slot with their words) with
+    """The regions' low halves (int32, slot for slot with their words) with
     32-bit scores; None with 16-bit ones."""
     if SCORE_BITS == 32:
-        lows = (scratch + LOWS_AT).to(tl.pointer_type(tl.int16))
+        lows = scratch + LOWS_AT
     else:
         lows = None
     return lows
