@@ -896,7 +896,7 @@ def _select_listed(out_row, lows, regions, region_lows, listed, floor, N: tl.con
         local_2, order_2 = _candidates(regions, region_lows, ROOM // 2 + slot, total, listed, ends, BLOCKS_P2,
                                        REGION)
         lowest = tl.where(total >= N, fp32_order(_below_candidates(floor), 0), NO_SCORE32)
-        highest = word_score(tl.maximum(tl.max(order, axis=0), tl.max(order_2, axis=0)), 32)
+        highest = word_score(tl.max(tl.maximum(order, order_2), axis=0), 32)
         threshold, above = bisected_threshold32(order, order_2, N, lowest, highest)
         found = (threshold != NO_SCORE32).to(tl.int32)
         counts = above_and_ties32(order, threshold)
