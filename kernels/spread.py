@@ -507,12 +507,8 @@ def _half_bits32(row_ptr, block, half, start, end):
     """The fp32 bits (int32) of half a block of an fp32 row
     (``_half_ids32``), NaN outside the valid tokens [start, end)."""
     t = _half_ids32(block, half)
-    ptrs = row_ptr.to(tl.pointer_type(tl.int32)) + t
-    if (block * BLOCK >= start) & ((block + 1) * BLOCK <= end):
-        bits = tl.load(ptrs)
-    else:
-        bits = tl.load(ptrs, mask=(t >= start) & (t < end), other=0x7FC00000)
-    return bits
+    whole = (block * BLOCK >= start) & ((block + 1) * BLOCK <= end)
+    return load_tokens(row_ptr + t, (t >= start) & (t < end), whole).to(tl.int32, bitcast=True)
 
 
 @triton.jit
