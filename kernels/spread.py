@@ -231,8 +231,10 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
     holds rank r_lo = r + 4 sqrt(2 r) + 4 (four standard deviations, the
     variance doubled for tokens that come in correlated groups). The sample
     is ranked by one histogram of each score's level below the top level,
-    levels of 2 scores. When rank r_lo falls past SAMPLE_BINS - 1 levels
-    (heavy tails, a few outliers, a tie far below a few scores), the lowest
+    levels of 2 scores, built only when a count of the sampled tokens within
+    SAMPLE_BINS - 2 levels of the top finds rank r_lo there. When it falls
+    past them (heavy tails, a few outliers, a tie far below a few scores;
+    the r-th score is then not probed), the lowest
     sampled score is asked first whether it holds rank r_lo with more than
     r_lo + 16 tokens (zeros below a few positives, a masked tail); if not,
     COARSE_BINS levels of 32, then of 2048 scores rank it, counted down
@@ -261,8 +263,16 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
     r = tl.maximum((N * GROUP * groups + length - 1) // length, 1).to(tl.int32)
     r_lo = r + tl.ceil(tl.sqrt(2.0 * r.to(tl.float32)) * SIGMAS).to(tl.int32) + SIGMAS
     top = tl.max(tl.where(valid, score >> 1, 0), axis=0)
-    hist = tl.histogram(near_bin(top, score >> 1, SAMPLE_BINS), SAMPLE_BINS, mask=valid)
-    bucket, above, in_level, low_bucket, in_low_bucket = _sample_boundaries(hist, r, r_lo)
+    bucket = tl.full((), -1, tl.int32)
+    above = tl.zeros((), dtype=tl.int32)
+    in_level = tl.zeros((), dtype=tl.int32)
+    low_bucket = tl.zeros((), dtype=tl.int32)  # rank r_lo past the fine levels, unless they hold it
+    in_low_bucket = tl.zeros((), dtype=tl.int32)
+    # The histogram's bins above 0 (levels within SAMPLE_BINS - 2 of the top) are counted first: one reduction,
+    # where the histogram of a row whose rank r_lo lies past them would cost several.
+    if tl.sum((valid & ((score >> 1) > top - (SAMPLE_BINS - 1))).to(tl.int32), axis=0) >= r_lo:
+        hist = tl.histogram(near_bin(top, score >> 1, SAMPLE_BINS), SAMPLE_BINS, mask=valid)
+        bucket, above, in_level, low_bucket, in_low_bucket = _sample_boundaries(hist, r, r_lo)
     bottom = tl.zeros((), dtype=tl.int32)
     below = top
     if low_bucket == 0:  # rank r_lo lies past the fine levels: is it a tie at the lowest score (zeros, -inf)?
