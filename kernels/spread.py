@@ -300,18 +300,27 @@ def _sampled_estimate(in_row, start, end, N: tl.constexpr, GROUPS: tl.constexpr,
         probe = tl.zeros((), dtype=tl.int32)
         # Single scores are counted only in a bin that holds enough sampled
         # tokens for a tie.
-        if (bucket > 0) & (in_level > 8):  # the r-th score: its level's upper or lower score
-            upper = (top - (SAMPLE_BINS - 1) + bucket) * 2 + 1
-            probe = tl.where(r - above <= tl.sum((valid & (score == upper)).to(tl.int32), axis=0), upper, upper - 1)
         if (low_bucket >= 0) & (in_low_bucket > r_lo + 16):  # the floor's bin: its highest score or the one below
-            most = tl.max(tl.where(valid & ((score >> shift) == floor_level), score, 0), axis=0)
-            counts = tl.sum((valid & (score == most)).to(tl.int32) | ((valid & (score == most - 1)).to(tl.int32) << 16),
-                            axis=0)
-            at_most = counts & 0xFFFF
-            below_most = counts >> 16
+            if shift == 1:  # a level of two scores, both counted by the histogram: one count parts them
+                upper = floor_level * 2 + 1
+                counts = tl.sum((valid & (score == upper)).to(tl.int32)
+                                | ((valid & (score == upper - 2)).to(tl.int32) << 16), axis=0)
+                at_upper = counts & 0xFFFF
+                most = tl.where(at_upper > 0, upper, upper - 1)
+                at_most = tl.where(at_upper > 0, at_upper, in_low_bucket)
+                below_most = tl.where(at_upper > 0, in_low_bucket - at_upper, counts >> 16)
+            else:
+                most = tl.max(tl.where(valid & ((score >> shift) == floor_level), score, 0), axis=0)
+                counts = tl.sum((valid & (score == most)).to(tl.int32)
+                                | ((valid & (score == most - 1)).to(tl.int32) << 16), axis=0)
+                at_most = counts & 0xFFFF
+                below_most = counts >> 16
             if tl.maximum(at_most, below_most) > r_lo + 16:
                 probe = tl.where(at_most >= below_most, most, most - 1)
                 floor = (probe + 2) & ~1
+        if (probe == 0) & (bucket > 0) & (in_level > 8):  # else the r-th score: its level's upper or lower score
+            upper = (top - (SAMPLE_BINS - 1) + bucket) * 2 + 1
+            probe = tl.where(r - above <= tl.sum((valid & (score == upper)).to(tl.int32), axis=0), upper, upper - 1)
     return probe, floor
 
 
