@@ -2,7 +2,7 @@
 per pack shape and per merge, each family's time, its ratio to i.i.d.
 normal and the baseline; the worst family marked.
 
-    python scripts/performance_tables.py docs/results/h200_families_b9f2776.json [...]
+    python scripts/performance_tables.py docs/results/h200_skip_0e98b2d.json [...]
 """
 
 from __future__ import annotations
