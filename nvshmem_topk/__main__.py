@@ -9,7 +9,9 @@ info   devices, GPU peer access, versions, and what the merge would use
 check  every adversarial family at several world sizes against an
        unsharded top-K, on this machine
 bench  the simulated merge vs the generic merge over T and S_local, as a
-       table, JSON/CSV and (with matplotlib) a PNG plot
+       table, JSON/CSV and (with matplotlib) a PNG plot; on a GPU, for the
+       first score family, also each stage alone, the launches a rank and
+       the merge with PDL off
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .protocol import resolve_impl
 from .api import simulate_dcp_topk_merge
 from .baseline import generic_merge_compute
 from .testing import SCORE_FAMILIES, families, family_scores, indexer_like_logits, shard
-from .timing import GRAPH_CALLS, SimulatedMerge, graph_us, median_us
+from .timing import GRAPH_CALLS, SimulatedMerge, graph_us, median_us, merge_breakdown
 
 
 def unsharded_topk(logits: torch.Tensor, row_ends: torch.Tensor, topk: int, interleave: int) -> list[set]:
@@ -220,32 +222,52 @@ def bench(args: argparse.Namespace) -> int:
     grid = [(dist, rows, width) for dist in args.dist for rows in args.rows for width in args.widths]
     results = []
     graphs = device.type == "cuda"
-    timing = f"CUDA-graph replays of {GRAPH_CALLS} calls" if graphs else "eager calls"
+    timing = f"CUDA-graph replays of {GRAPH_CALLS} calls over distinct inputs" if graphs else "eager calls"
     print(f"# simulated merge, W={args.world_size}, K={args.topk}, interleave={args.interleave}, impl={args.impl}, "
           f"{device}; medians of {args.reps} {timing} (ms)", file=sys.stderr)
     for i, (dist, rows, width) in enumerate(grid, 1):
-        scores = family_scores(dist, rows, args.world_size * width, torch.Generator().manual_seed(i))
-        logits = shard(scores, args.world_size, args.interleave).to(device)
+        gen = torch.Generator().manual_seed(i)
+        copies = [shard(family_scores(dist, rows, args.world_size * width, gen), args.world_size,
+                        args.interleave).to(device) for _ in range(GRAPH_CALLS if graphs else 1)]
+        logits = copies[0]
         row_ends = torch.full((args.world_size, rows), width, dtype=torch.int32, device=device)
-        if graphs:  # eager GPU timings would measure Python launches (W ranks x several kernels)
+        record = dict(dist=dist, W=args.world_size, T=rows, S=width, K=args.topk, I=args.interleave,
+                      impl=args.impl, device=str(device), cuda_graph=graphs)
+        if graphs and args.impl == "triton":  # eager GPU timings would measure Python launches
+            # The first family's merges also time their stages alone, the merge with PDL off, and count launches.
+            stats = merge_breakdown(copies, row_ends, args.topk, args.reps, interleave=args.interleave,
+                                    stages=dist == args.dist[0])
+            record.update(stats)
+            record["merge_ms"] = stats["merge_us"] / 1e3
+            record["generic_ms"] = graph_us(lambda: generic_merge_compute(logits, args.topk), args.reps) / 1e3
+        elif graphs:
             run = SimulatedMerge(logits, row_ends, args.topk, args.impl, interleave=args.interleave)
-            merge = graph_us(run, args.reps) / 1e3
+            record["merge_ms"] = graph_us(run, args.reps) / 1e3
             run.destroy()
-            generic = graph_us(lambda: generic_merge_compute(logits, args.topk), args.reps) / 1e3
+            record["generic_ms"] = graph_us(lambda: generic_merge_compute(logits, args.topk), args.reps) / 1e3
         else:
-            merge = median_us(lambda: simulate_dcp_topk_merge(logits, row_ends, topk=args.topk, impl=args.impl,
-                                                              interleave=args.interleave), device, args.reps) / 1e3
-            generic = median_us(lambda: generic_merge_compute(logits, args.topk), device, args.reps) / 1e3
-        results.append(dict(dist=dist, W=args.world_size, T=rows, S=width, K=args.topk, I=args.interleave,
-                            impl=args.impl, device=str(device), cuda_graph=graphs, merge_ms=merge, generic_ms=generic))
+            record["merge_ms"] = median_us(lambda: simulate_dcp_topk_merge(
+                logits, row_ends, topk=args.topk, impl=args.impl, interleave=args.interleave), device, args.reps) / 1e3
+            record["generic_ms"] = median_us(lambda: generic_merge_compute(logits, args.topk), device, args.reps) / 1e3
+        results.append(record)
         done = 20 * i // len(grid)
-        print(f"[{'#' * done}{'.' * (20 - done)}] {i}/{len(grid)} {dist} T={rows} S={width}: merge {merge:.2f} ms, "
-              f"generic {generic:.2f} ms", file=sys.stderr, flush=True)
+        print(f"[{'#' * done}{'.' * (20 - done)}] {i}/{len(grid)} {dist} T={rows} S={width}: merge "
+              f"{record['merge_ms']:.3f} ms, generic {record['generic_ms']:.3f} ms", file=sys.stderr, flush=True)
     first = {(r["T"], r["S"]): r["merge_ms"] for r in reversed(results)}  # the first family's time per shape
     print(f"{'dist':<20}{'T':>5}{'S_local':>9}{'merge ms':>11}{'vs first':>10}{'generic ms':>12}")
     for r in results:
-        print(f"{r['dist']:<20}{r['T']:>5}{r['S']:>9}{r['merge_ms']:>11.2f}{r['merge_ms'] / first[r['T'], r['S']]:>9.2f}x"
-              f"{r['generic_ms']:>12.2f}")
+        ratio = r["merge_ms"] / first[r["T"], r["S"]]
+        print(f"{r['dist']:<20}{r['T']:>5}{r['S']:>9}{r['merge_ms']:>11.3f}{ratio:>9.2f}x{r['generic_ms']:>12.3f}")
+    staged = [r for r in results if "pack_us" in r]
+    if staged:
+        print(f"\n{args.dist[0]}: µs a rank (the merge / W) and rank 0's stages alone")
+        print(f"{'T':>5}{'S_local':>9}{'merge':>9}{'PDL off':>9}{'launches':>10}{'pack':>8}{'exchange':>10}"
+              f"{'select':>8}{'rescue':>8}")
+        for r in staged:
+            w = r["W"]
+            print(f"{r['T']:>5}{r['S']:>9}{r['merge_us'] / w:>9.1f}{r['merge_no_pdl_us'] / w:>9.1f}"
+                  f"{r['launches_per_rank']:>10.1f}{r['pack_us']:>8.1f}{r['exchange_us']:>10.1f}{r['select_us']:>8.1f}"
+                  f"{r['rescue_us']:>8.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

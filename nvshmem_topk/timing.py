@@ -5,13 +5,14 @@ device times."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 import time
 
 import torch
 
 from .protocol import Outputs, backend, run_merge
-from .api import init_dcp_topk_merge
+from .api import init_dcp_topk_merge, simulate_dcp_topk_merge
 from .groups.simulated import SimulatedGroup
 
 
@@ -34,8 +35,12 @@ class SimulatedMerge:
         self._inputs = (list(logits), list(row_ends))
         self._rows = rows
 
-    def __call__(self) -> None:
-        run_merge(self.workspaces, *self._inputs, self.outputs, self._rows)
+    def __call__(self, logits: torch.Tensor | None = None) -> None:
+        """One merge, of the logits given at construction or of ``logits``
+        (another [W, T, S] of the same shape: graphs of calls over distinct
+        inputs)."""
+        inputs = self._inputs if logits is None else (list(logits), self._inputs[1])
+        run_merge(self.workspaces, *inputs, self.outputs, self._rows)
 
     def select_alone(self):
         """Rank 0's select stage alone (the select, then the saturated push's
@@ -171,3 +176,67 @@ def kernel_times(fn, iters: int = 20) -> dict[str, float]:
             fn()
         torch.cuda.synchronize()
     return {e.key: e.self_device_time_total / iters for e in prof.key_averages() if e.self_device_time_total > 0}
+
+
+def kernel_launches(fn, iters: int = 4) -> float:
+    """Kernels one call of ``fn`` launches on the GPU (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0
+               and not e.key.startswith(("Memcpy", "Memset"))) / iters
+
+
+def graphed_over(fn, inputs: list) -> torch.cuda.CUDAGraph:
+    """One graph of ``fn(x)`` for each x of ``inputs`` in turn (calls over
+    distinct inputs, so that only the first call's reads miss L2 by design
+    and the others' by size)."""
+    calls = itertools.cycle(inputs)
+    return graphed(lambda: fn(next(calls)), len(inputs))
+
+
+def merge_breakdown(copies: list[torch.Tensor], row_ends: torch.Tensor, topk: int, reps: int,
+                    interleave: int = 1, stages: bool = True) -> dict:
+    """The simulated merge of ``copies`` (each [W, T, S], one a call of a
+    graph; their row ends [W, T]) and its stages on rank 0, each timed alone
+    (``median_us`` of graphs over the copies, L2 flushed): µs of one call of
+    the merge (divide by W for a rank's), the merge with PDL off, the kernel
+    launches of a merge per rank, and rank 0's pack (with its push), the
+    push exchange alone (a kernel of its own: the merge's pack pushes its
+    rows itself when every peer has an address), select (its saturated
+    pushes included) and rescue (all but the merge's time left out unless
+    ``stages``). ``exact``: the merge's ids of the last copy
+    equal the reference's. The stages alone run on flags raised far ahead
+    (``SimulatedMerge.select_alone``), so no wait holds them."""
+    device = copies[0].device
+    run = SimulatedMerge(copies[0], row_ends, topk, "triton", interleave=interleave)
+    world, rows = copies[0].shape[:2]
+
+    def timed(fn) -> float:
+        return median_us(graphed_over(fn, copies).replay, device, reps, calls=len(copies), flush_l2=True)
+
+    try:
+        result = dict(merge_us=timed(run))
+        run(copies[-1])
+        expected = simulate_dcp_topk_merge(copies[-1], row_ends, topk=topk, impl="reference", interleave=interleave)
+        result["exact"] = bool(torch.equal(run.ids, expected))
+        if not stages:
+            return result
+        with without_pdl(run.workspaces):
+            result["merge_no_pdl_us"] = timed(run)
+        result["launches_per_rank"] = kernel_launches(run) / world
+        run.select_alone()
+        ws, out, impl = run.workspaces[0], run.outputs[0], backend("triton")
+        ends = row_ends[0]
+        result["pack_us"] = timed(lambda x: impl.pack_and_push(ws, x[0], ends, ws.staging.local[:rows]))
+        result["exchange_us"] = timed(lambda x: impl.push_rows(ws, ws.staging.local[:rows]))
+        result["select_us"] = timed(lambda x: impl.select(ws, x[0], ends, rows, out))
+        result["rescue_us"] = timed(lambda x: impl.rescue(ws, x[0], ends, rows, out))
+    finally:
+        run.destroy()
+    return result

@@ -10,6 +10,13 @@ without PDL) is taken after every timing, so that no timing follows a
 profile (one graph has timed 2 µs faster after a profile than before it).
 
     python scripts/bench_kernels.py --out results.json [--families normal smooth] [--skip-merge] [--fp32]
+    python scripts/bench_kernels.py --rows 1 4 16 64 --out decode.json [--families ...]
+
+``--rows`` measures decode batch sizes instead: per T, the pack at
+[T, 16384] and [T, 131072] and the simulated merge W = 8, S = 16384 over the
+families, and on normal scores the merge's stages alone, its kernel
+launches per rank, the merge with PDL off, and the merge W = 1
+(``timing.merge_breakdown``).
 
 ``--fp32`` measures exact fp32 order (score_dtype=torch.float32) instead,
 beside bf16 order of the same scores rounded: the pack at the same shapes
@@ -34,7 +41,7 @@ from nvshmem_topk import reference
 from nvshmem_topk.baseline import generic_merge_compute
 from nvshmem_topk.format import num_planes, packed_row_words
 from nvshmem_topk.testing import SCORE_FAMILIES, family_scores, shard
-from nvshmem_topk.timing import SimulatedMerge, graphed, kernel_times, median_us, without_pdl
+from nvshmem_topk.timing import SimulatedMerge, graphed, kernel_times, median_us, merge_breakdown, without_pdl
 
 CALLS = 10
 REPS = 200
@@ -146,6 +153,7 @@ def main() -> None:
     parser.add_argument("--skip-rank0-best", action="store_true",
                         help="leave out the merges whose best scores all sit on rank 0")
     parser.add_argument("--fp32", action="store_true", help="exact fp32 order beside bf16 order, instead")
+    parser.add_argument("--rows", nargs="+", type=int, help="decode batch sizes T, instead (see the docstring)")
     args = parser.parse_args()
     results = {"gpu": torch.cuda.get_device_name(), "pack": [], "merge": []}
     save = lambda: json.dump(results, open(args.out, "w"), indent=1)
@@ -153,7 +161,10 @@ def main() -> None:
     families = ["normal"] + [f for f in args.families if f != "normal"]
     print(f"# {results['gpu']}: microseconds per call (graphs of {CALLS} calls over distinct inputs, medians)")
     shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes]
-    if args.fp32:
+    if args.rows:
+        results["decode"] = []
+        bench_decode(families, args.rows, gen, results, save)
+    elif args.fp32:
         bench_fp32(families, () if args.skip_pack else shapes, () if args.skip_merge else args.interleaves, gen,
                    results, save)
     else:
@@ -200,6 +211,41 @@ def bench_bf16(families, args, shapes, gen, results, save) -> None:
               f"{best['merge_us']:.1f} ({best['merge_us'] / base['merge_us']:.2f}x; saturated rows "
               f"{best['saturated_rows']}, exact {base['exact']} {best['exact']}); generic by rank "
               f"{best['generic_by_rank_us']:.1f}", flush=True)
+
+
+DECODE_WIDTHS = (16384, 131072)  # the pack's; the merge's shard is 16384 tokens (a 128K context over 8 ranks)
+
+
+def bench_decode(families, row_counts, gen, results, save) -> None:
+    """Per T: the pack beside torch.topk at DECODE_WIDTHS and the simulated
+    merge W = 8, K = 2048, S = 16384 over ``families``; on normal scores the
+    merge's stages, launches and PDL off, and the merge W = 1."""
+    world, width, k, dev = 8, 16384, 2048, torch.device("cuda")
+    for rows in row_counts:
+        print(f"T = {rows}   family  " + "  ".join(f"pack[{rows},{w}]" for w in DECODE_WIDTHS)
+              + f"  merge W={world} S={width}  (torch.topk at each width)")
+        for family in families:
+            packs = [bench_pack(rows, w, family, gen) for w in DECODE_WIDTHS]
+            copies = [merge_inputs(family, world, rows, width, 1, gen) for _ in range(CALLS)]
+            ends = torch.full((world, rows), width, dtype=torch.int32, device=dev)
+            merge = merge_breakdown(copies, ends, k, REPS, stages=family == "normal")
+            entry = dict(T=rows, family=family, W=world, S=width, K=k, merge=merge,
+                         pack={str(p["S"]): p for p in packs})
+            if family == "normal":
+                single = [family_scores(family, rows, width, gen, dev)[None] for _ in range(CALLS)]
+                entry["merge_w1"] = merge_breakdown(single, ends[:1], k, REPS)
+            results["decode"].append(entry)
+            save()
+            print(f"  {family:<18}" + "".join(f"{p['pack_us']:10.1f}" for p in packs)
+                  + f"{merge['merge_us']:12.1f} ({merge['merge_us'] / world:.1f} a rank)  "
+                  + " ".join(f"{p['torch_topk_us']:.1f}" for p in packs)
+                  + f"  exact={all(p['exact'] for p in packs) and merge['exact']}", flush=True)
+        normal = next(e for e in results["decode"] if (e["T"], e["family"]) == (rows, "normal"))
+        for name, m in (("W=8", normal["merge"]), ("W=1", normal["merge_w1"])):
+            print(f"  normal, {name}: merge {m['merge_us']:.1f}, PDL off {m['merge_no_pdl_us']:.1f}, "
+                  f"launches a rank {m['launches_per_rank']:.1f}; rank 0 alone: pack {m['pack_us']:.1f}, "
+                  f"exchange {m['exchange_us']:.1f}, select {m['select_us']:.1f}, rescue {m['rescue_us']:.1f}"
+                  f"  exact={m['exact']}", flush=True)
 
 
 def bench_fp32(families, shapes, interleaves, gen, results, save) -> None:
