@@ -362,16 +362,16 @@ def emit_selected(keys, kappa, count, row, outputs, sizes, rank, sort_row, keep_
     chosen = (keys >= kappa) & (keys != 0)
     slot = flat_positions(chosen.to(tl.int32))
     if SORTED:
-        _store_keys(sort_row, keys, chosen, slot, count, TOPK)
+        store_keys(sort_row, keys, chosen, slot, count, TOPK)
     else:
-        write_outputs(keys, chosen, slot, count, row, outputs, sizes, rank, TOPK, WORLD, INTERLEAVE, GID_BITS,
-                      EMIT_IDS, EMIT_ROWS)
+        write_outputs(key_gid(keys, GID_BITS), chosen, slot, count, row, outputs, sizes, rank, TOPK, WORLD,
+                      INTERLEAVE, EMIT_IDS, EMIT_ROWS)
         if keep_keys:
-            _store_keys(sort_row, keys, chosen, slot, count, TOPK)
+            store_keys(sort_row, keys, chosen, slot, count, TOPK)
 
 
 @triton.jit
-def _store_keys(row_ptr, keys, chosen, slot, count, TOPK: tl.constexpr):
+def store_keys(row_ptr, keys, chosen, slot, count, TOPK: tl.constexpr):
     """The ``count`` chosen keys at ``slot`` of ``row_ptr``, zeros after
     them up to TOPK rounded up to a power of 2 (a caller whose keys came
     from there first lets every thread read them)."""
@@ -382,17 +382,15 @@ def _store_keys(row_ptr, keys, chosen, slot, count, TOPK: tl.constexpr):
 
 
 @triton.jit
-def write_outputs(keys, chosen, slot, count, row, outputs, sizes, rank, TOPK: tl.constexpr, WORLD: tl.constexpr,
-                  INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
-                  EMIT_ROWS: tl.constexpr):
-    """The ``count`` chosen ``keys`` (2-D) of ``row`` as ids at ``slot``
-    and/or as this rank's physical rows, compacted in the same order, -1
-    after. ``outputs``: (ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr);
-    ``sizes``: (table_stride, num_reqs, num_blocks, block_size, stride_rows,
-    rows_stride), as ``select.output_args`` builds them."""
+def write_outputs(gid, chosen, slot, count, row, outputs, sizes, rank, TOPK: tl.constexpr, WORLD: tl.constexpr,
+                  INTERLEAVE: tl.constexpr, EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr):
+    """The ``count`` chosen global ids ``gid`` (2-D) of ``row`` as ids at
+    ``slot`` and/or as this rank's physical rows, compacted in the same
+    order, -1 after. ``outputs``: (ids_ptr, rows_ptr, valid_ptr, req_ptr,
+    table_ptr); ``sizes``: (table_stride, num_reqs, num_blocks, block_size,
+    stride_rows, rows_stride), as ``select.output_args`` builds them."""
     ids_ptr, rows_ptr, valid_ptr, req_ptr, table_ptr = outputs
     table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride = sizes
-    gid = key_gid(keys, GID_BITS)
     if EMIT_IDS:
         ids_row = ids_ptr + row * TOPK
         tl.store(ids_row + slot, gid.to(tl.int32), mask=chosen)

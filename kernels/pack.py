@@ -24,9 +24,9 @@ from . import spread
 from .keys import (NO_SCORE32, folded32, is_nan_bits, low_halves, low_halves_at, ord16, packed_word, packed_words,
                    score_bits)
 from .launch import Launch
-from .rows import (above_and_ties, above_and_ties32, any_width, bisected_threshold, bisected_threshold32, kept_slots,
-                   line_positions, publish_row, list_floor, load_tokens, row_target, row_window, token_ord16,
-                   word_score, zero_row_from)
+from .rows import (above_and_ties32, any_width, bisected_threshold, bisected_threshold32, kept_of_row, kept_slots,
+                   line_positions, list_floor, list_slot, load_tokens, publish_row, row_target, row_window,
+                   token_ord16, word_score, zero_row_from)
 from .sync import after_prior_kernel
 
 SHORT_ROWS = 16384  # calls this wide or narrower: a program a row (``row_kernel``); at most 2^14 (its scan)
@@ -38,56 +38,81 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
                LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, ROW: tl.constexpr,
                WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
     """The whole local top-N of a short row (ROW tokens, a power of 2 up to
-    SHORT_ROWS) in one program: the row held in registers as lines of 8
-    adjacent tokens, its threshold by ``bisected_threshold`` (the same
-    counts for any scores; 32-bit scores, ``bisected_threshold32``), then
-    one scan in token order (``line_positions``) of ``above_and_ties``
-    places the kept ones; the rest of the packed row is zeroed (no id
-    reaches 2^16: every plane bit is 0). 32-bit scores are held as two
-    halves of the row, each placed in turn: at once, their compaction's
-    addresses and values outgrow the registers. A pushed list's row is read
+    SHORT_ROWS) in one program (``row_top_n``). A pushed list's row is read
     before the prior kernel ends, up to the call's width (its window is
-    read after)."""
+    applied after)."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
-    second: tl.constexpr = ROW // (SCORE_BITS // 16)  # where the part holding the second half starts
     row = tl.program_id(0).to(tl.int64)
-    line: tl.constexpr = 128 // SCORE_BITS  # adjacent tokens a thread holds: 16 bytes of fp32 or of bf16 logits
-    local = tl.arange(0, second // line)[:, None] * line + tl.arange(0, line)[None, :]
-    row_ptrs = logits_ptr + row * logits_stride + local
+    row_ptr = logits_ptr + row * logits_stride
+    preloaded = None
     if LIST:  # the scores were written before the pack, two kernels back: read while the select runs
-        x = load_tokens(row_ptrs, local < width_limit, width_limit >= ROW)
+        local, second = row_lines(ROW, SCORE_BITS)
+        preloaded = load_tokens(row_ptr + local, local < width_limit, width_limit >= ROW)
         if SCORE_BITS == 32:
-            x2 = load_tokens(row_ptrs + second, local + second < width_limit, width_limit >= ROW)
+            preloaded = (preloaded, load_tokens(row_ptr + local + second, local + second < width_limit,
+                                                width_limit >= ROW))
     after_prior_kernel(PDL)
     active, offset = row_target(row, sat_ptr, rank, words, SLOTS, LIST, SCORE_BITS)
     if active:
         start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
-        inside = (local >= start) & (local < end)
-        whole = (start == 0) & (end == ROW)
-        if not LIST:
-            x = load_tokens(row_ptrs, inside, whole)
-        if SCORE_BITS == 32:
-            inside2 = (local + second >= start) & (local + second < end)
-            if not LIST:
-                x2 = load_tokens(row_ptrs + second, inside2, whole)
-            _row_top_n32(out_ptr + offset, (x, x2), (inside, inside2), local, sat_ptr, row, N, PLANES, LIST,
-                         KAPPA_SHIFT, second)
-        else:
-            _row_top_n16(out_ptr + offset, x, inside, local, sat_ptr, row, N, PLANES, LIST, KAPPA_SHIFT)
+        floor = None
+        if LIST:
+            floor = list_floor(sat_ptr, row, KAPPA_SHIFT, SCORE_BITS)
+        row_top_n(out_ptr + offset, row_ptr, start, end, preloaded, floor, N, PLANES, ROW, SCORE_BITS)
         publish_row(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
 
 
 @triton.jit
-def _row_top_n16(out_row, x, inside, local, sat_ptr, row, N: tl.constexpr, PLANES: tl.constexpr,
-                 LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr):
-    """``row_kernel``'s packed top-N by the 16-bit order of the scores ``x``
-    (NaN outside the row, ``inside`` its window)."""
+def row_lines(ROW: tl.constexpr, SCORE_BITS: tl.constexpr):
+    """(local, second): the local ids of a short row's first part as lines
+    of adjacent tokens, one thread's each (16 bytes of bf16 or of fp32
+    logits: 8 or 4 tokens), and where the second part starts (32-bit
+    scores hold the row in two parts; 16-bit ones in one, ROW)."""
+    second: tl.constexpr = ROW // (SCORE_BITS // 16)
+    line: tl.constexpr = 128 // SCORE_BITS
+    return tl.arange(0, second // line)[:, None] * line + tl.arange(0, line)[None, :], second
+
+
+@triton.jit
+def row_top_n(out_row, row_ptr, start, end, preloaded, floor, N: tl.constexpr, PLANES: tl.constexpr,
+              ROW: tl.constexpr, SCORE_BITS: tl.constexpr):
+    """The packed top-N of the valid tokens [start, end) of the short row
+    at ``row_ptr`` (ROW tokens at most) into ``out_row``: the row held in
+    registers as ``row_lines``, its threshold by ``bisected_threshold``
+    (the same counts for any scores; 32-bit scores,
+    ``bisected_threshold32``), then one scan in token order
+    (``line_positions``) of ``above_and_ties`` places the kept ones; the
+    rest of the packed row is zeroed (no id reaches 2^16: every plane bit is
+    0). 32-bit scores are held as two parts of the row, each placed in
+    turn: at once, their compaction's addresses and values outgrow the
+    registers. ``preloaded``: the row's scores already read (a tensor, or
+    two with 32-bit scores; NaN past the call's width), or None: read here.
+    ``floor``: None, or a pushed list's (``list_floor``: only tokens at or
+    above it are listed)."""
+    local, second = row_lines(ROW, SCORE_BITS)
+    inside = (local >= start) & (local < end)
+    whole = (start == 0) & (end == ROW)
+    if SCORE_BITS == 32:
+        inside2 = (local + second >= start) & (local + second < end)
+        if preloaded is None:
+            preloaded = (load_tokens(row_ptr + local, inside, whole), load_tokens(row_ptr + local + second, inside2,
+                                                                                  whole))
+        _row_top_n32(out_row, preloaded, (inside, inside2), local, floor, N, PLANES, second)
+    else:
+        if preloaded is None:
+            preloaded = load_tokens(row_ptr + local, inside, whole)
+        _row_top_n16(out_row, preloaded, inside, local, floor, N, PLANES)
+
+
+@triton.jit
+def _row_top_n16(out_row, x, inside, local, floor, N: tl.constexpr, PLANES: tl.constexpr):
+    """``row_top_n`` by the 16-bit order of the scores ``x`` (``inside``
+    their window)."""
     score = token_ord16(x)
-    if LIST:
+    if floor is not None:
         # A pushed list holds only tokens at or above kappa's level: when
         # at most N are, they are the list, and no count picks them.
-        floor = list_floor(sat_ptr, row, KAPPA_SHIFT)
         score = tl.where(inside & (score >= floor), score, 0)
         above = tl.sum(tl.sum((score != 0).to(tl.int32), axis=1), axis=0)
         threshold = tl.zeros((), dtype=tl.int32)  # every valid token is above it
@@ -95,30 +120,28 @@ def _row_top_n16(out_row, x, inside, local, sat_ptr, row, N: tl.constexpr, PLANE
             threshold, above = bisected_threshold(score, N, floor, 0xFFFF)
     else:
         threshold, above = bisected_threshold(score, N, 0, 0xFFFF)
-    counts = above_and_ties(score, threshold)
-    slot, keep, kept = kept_slots(counts, line_positions(counts), threshold, above, N)
+    slot, keep, kept = kept_of_row(score, threshold, above, N)
     tl.store(out_row + slot, packed_word(score, local), mask=keep)
     zero_row_from(out_row, kept, packed_words(N, PLANES, 16), 1024)
 
 
 @triton.jit
-def _row_top_n32(out_row, xs, insides, local, sat_ptr, row, N: tl.constexpr, PLANES: tl.constexpr,
-                 LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, SECOND: tl.constexpr):
-    """``_row_top_n16`` by the fp32 order of the scores, the row in two
-    parts (``xs``, ``insides``: each part's scores and window; the second
-    part's tokens are SECOND further): the words hold the orders' top
-    halves, the low halves follow them."""
+def _row_top_n32(out_row, xs, insides, local, floor, N: tl.constexpr, PLANES: tl.constexpr, SECOND: tl.constexpr):
+    """``row_top_n`` by the fp32 order of the scores, the row in two parts
+    (``xs``, ``insides``: each part's scores and window; the second part's
+    tokens are SECOND further): the words hold the orders' top halves, the
+    low halves follow them. ``floor``: an ord32 (int64), or None."""
     order = tl.where(insides[0], folded32(xs[0]), NO_SCORE32)
     order2 = tl.where(insides[1], folded32(xs[1]), NO_SCORE32)
-    if LIST:
-        floor = (list_floor(sat_ptr, row, KAPPA_SHIFT, 32) - 0x80000000).to(tl.int32)  # folded
-        order = tl.where(order >= floor, order, NO_SCORE32)
-        order2 = tl.where(order2 >= floor, order2, NO_SCORE32)
+    if floor is not None:
+        folded = (floor - 0x80000000).to(tl.int32)
+        order = tl.where(order >= folded, order, NO_SCORE32)
+        order2 = tl.where(order2 >= folded, order2, NO_SCORE32)
         above = tl.sum(tl.sum((order != NO_SCORE32).to(tl.int32) + (order2 != NO_SCORE32).to(tl.int32), axis=1),
                        axis=0)
         threshold = tl.full((), NO_SCORE32, tl.int32)  # every valid token is above it
         if above > N:
-            threshold, above = bisected_threshold32(order, order2, N, floor)
+            threshold, above = bisected_threshold32(order, order2, N, folded)
     else:
         threshold, above = bisected_threshold32(order, order2, N, NO_SCORE32)
     found = (threshold != NO_SCORE32).to(tl.int32)
@@ -130,6 +153,26 @@ def _row_top_n32(out_row, xs, insides, local, sat_ptr, row, N: tl.constexpr, PLA
                          PLANES)
     zero_row_from(out_row, kept, low_halves_at(N, PLANES), 1024)
     zero_row_from(low_halves(out_row, N, PLANES), kept, N, 1024)
+
+
+@triton.jit
+def pushed_list(recv_ptr, row, rows, width_limit, peers, mask, floor, rank, N: tl.constexpr, PLANES: tl.constexpr,
+                SLOTS: tl.constexpr, ROW: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr,
+                SCORE_BITS: tl.constexpr):
+    """A saturated rank's pushed list of a short ``row``, built where the
+    select found the rank saturated (``mask``, its ``floor``: kappa's score,
+    ``list_floor``): the top-N of its tokens at or above the floor, into
+    its receive slot (``row_target``) here and on every peer, the row's
+    rescue flag raised there. ``rows``: (logits_ptr, row_starts_ptr,
+    row_ends_ptr, logits_stride); ``peers``: as the pack's kernels take
+    them."""
+    logits_ptr, row_starts_ptr, row_ends_ptr, logits_stride = rows
+    words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
+    offset = (row * SLOTS + list_slot(mask, rank)) * words
+    start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
+    row_top_n(recv_ptr + offset, logits_ptr + row * logits_stride, start, end, None, floor, N, PLANES, ROW,
+              SCORE_BITS)
+    publish_row(recv_ptr, offset, row, peers, rank, words, WORLD, True, LIBRARY_PEERS)
 
 
 @triton.jit
@@ -169,6 +212,12 @@ class Publish:
     library_peers: int = 0
 
 
+def short_row(max_local_len: int) -> int:
+    """Tokens ``row_kernel`` holds a row (its ROW) in a workspace of rows up
+    to ``max_local_len`` tokens, for calls at most SHORT_ROWS wide."""
+    return max(triton.next_power_of_2(min(max_local_len, SHORT_ROWS)), 1024)
+
+
 def _planes(words: int, n: int, score_bits: int) -> int:
     return (words - packed_words(n, 0, score_bits)) // (n // 32)
 
@@ -192,9 +241,8 @@ def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, s
                   KAPPA_SHIFT=pub.gid_bits if listing else 0, PDL=pdl, SCORE_BITS=score_bits)
     peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers)
     if limit <= SHORT_ROWS:
-        row = max(triton.next_power_of_2(min(max_local_len, SHORT_ROWS)), 1024)
         return [Launch(row_kernel, (rows,), (out, rows_arg, limit, peers_arg),
-                       dict(target, ROW=row, **peers), ROW_WARPS)]
+                       dict(target, ROW=short_row(max_local_len), **peers), ROW_WARPS)]
     if score_bits == 32:
         pairs = logits.dtype == torch.float32  # the scores' top halves paired
     else:

@@ -107,15 +107,22 @@ def row_target(row, sat_ptr, rank, WORDS: tl.constexpr, SLOTS: tl.constexpr, LIS
     """(active, offset): whether this rank selects ``row`` and the word
     offset of its output row. Round 1: every row, row by row. A pushed list
     (LIST): rows where this rank is saturated, in its slot of the receive
-    buffer, popcount(mask & ((1 << rank) - 1))."""
+    buffer (``list_slot``)."""
     if LIST:
         mask, _ = load_sat(sat_ptr, row, SCORE_BITS)
-        slot = tl.zeros((), dtype=tl.int64)
-        for q in tl.static_range(MAX_PEERS):
-            slot += tl.where(q < rank, (mask >> q) & 1, 0)
-        return ((mask >> rank) & 1) != 0, (row * SLOTS + slot) * WORDS
+        return ((mask >> rank) & 1) != 0, (row * SLOTS + list_slot(mask, rank)) * WORDS
     else:
         return True, row * WORDS
+
+
+@triton.jit
+def list_slot(mask, rank):
+    """A saturated rank's receive slot of a row whose saturated ranks are
+    ``mask``: popcount(mask & ((1 << rank) - 1)), int64."""
+    slot = tl.zeros((), dtype=tl.int64)
+    for q in tl.static_range(MAX_PEERS):
+        slot += tl.where(q < rank, (mask >> q) & 1, 0)
+    return slot
 
 
 @triton.jit
@@ -255,6 +262,16 @@ def kept_slots(counts, before, threshold, above, N: tl.constexpr):
     ties_taken = tl.where(threshold > 0, N - above, 0)
     keep = ((counts & 0xFFFF) != 0) | ((counts > 0xFFFF) & (ties_before < ties_taken))
     return (before & 0xFFFF) + tl.minimum(ties_before, ties_taken), keep, above + ties_taken
+
+
+@triton.jit
+def kept_of_row(score, threshold, above, N: tl.constexpr):
+    """(slot, keep, kept) of a row held as [lines, line] ``score``s (0 for
+    invalid tokens) whose ``bisected_threshold`` is (threshold, above): one
+    scan in token order of ``above_and_ties`` places the kept tokens
+    (``kept_slots``)."""
+    counts = above_and_ties(score, threshold)
+    return kept_slots(counts, line_positions(counts), threshold, above, N)
 
 
 @triton.jit

@@ -13,6 +13,9 @@ outputs; sorted outputs are written by ``order_kernel`` after each of
 them. Bit-identical to
 ``reference.select`` / ``reference.rescue`` and the reference protocol."""
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
@@ -21,6 +24,7 @@ from .keys import (TIE_TILE, decode_keys, emit_selected, key_gid, kth_largest, l
                    power_of_2, radix_boundary, radix_digit_histogram, store_sat, write_outputs)
 from .exchange import call_epoch, gather_slot
 from .launch import Launch
+from .pack import Publish, pushed_list, short_row
 from .sync import after_prior_kernel, record_timeout, wait_flags_at_least
 
 
@@ -57,25 +61,30 @@ def _round1_keys(gather_ptr, row, epoch, max_rows, N: tl.constexpr, PLANES: tl.c
 OUTPUT_SIZES = ["table_stride", "num_reqs", "num_blocks", "block_size", "stride_rows", "rows_stride"]
 
 
-@triton.jit(do_not_specialize=OUTPUT_SIZES)
-def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, waits, sat_ptr,
-                  selected_ptr, ties_ptr, gather_ptr, epochs_ptr, max_rows, rank,
-                  TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
-                  WORLD_P2: tl.constexpr, KEYS: tl.constexpr, INTERLEAVE: tl.constexpr,
-                  GID_BITS: tl.constexpr,
-                  EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr,
-                  SCORE_BITS: tl.constexpr):
+@triton.jit(do_not_specialize=OUTPUT_SIZES + ["width_limit"])
+def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, width_limit,
+                  waits, state, lists, TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
+                  WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
+                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, LIST_ROW: tl.constexpr,
+                  LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
     """``outputs`` and the sizes after it: as ``output_args`` builds them;
     ``waits``: (flags_ptr, status_ptr, max_spins), the bounded wait's flags
-    and record; SCORE_BITS: the words' (``format.SCORE_BITS``)."""
+    and record; ``state``: as ``state_args`` builds it; SCORE_BITS: the
+    words' (``format.SCORE_BITS``). LIST_ROW > 0: rows of at most LIST_ROW
+    tokens, whose pushed lists this program builds and pushes where it finds
+    this rank saturated (``pack.pushed_list``; ``lists``: (recv_ptr, rows,
+    peers) as it takes them, ``width_limit`` the call's width); 0: a
+    pipeline of ``pack`` does, after the select."""
     after_prior_kernel(PDL)
     sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
     flags_ptr, status_ptr, max_spins = waits
+    sat_ptr, selected_ptr, ties_ptr, gather_ptr, epochs_ptr, max_rows, rank = state
+    world_p2: tl.constexpr = power_of_2(WORLD)
     row = tl.program_id(0).to(tl.int64)
     epoch = call_epoch(epochs_ptr, row)
-    if _wait_all(flags_ptr, (1 << WORLD) - 1, row, epoch, max_rows, max_spins, status_ptr, WORLD, WORLD_P2):
-        sender = tl.arange(0, WORLD_P2)
-        keys = _round1_keys(gather_ptr, row, epoch, max_rows, N, PLANES, WORLD, WORLD_P2, INTERLEAVE, GID_BITS,
+    if _wait_all(flags_ptr, (1 << WORLD) - 1, row, epoch, max_rows, max_spins, status_ptr, WORLD, world_p2):
+        sender = tl.arange(0, world_p2)
+        keys = _round1_keys(gather_ptr, row, epoch, max_rows, N, PLANES, WORLD, world_p2, INTERLEAVE, GID_BITS,
                             SCORE_BITS)
         kappa, selected = kth_largest(keys, TOPK, SCORE_BITS + GID_BITS, ties_ptr + row * TIE_TILE)
         # Saturated: all N words sent and the smallest >= kappa, that is all
@@ -83,10 +92,18 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
         # the emit also makes, in place of a minimum over the same tile.
         taken = tl.sum(((keys >= kappa) & (keys != 0)).to(tl.int32), axis=1)
         saturated = (taken == N) & (sender < WORLD)
-        mask = tl.sum(tl.where(saturated, tl.full((WORLD_P2,), 1, tl.int64) << sender, 0), axis=0)
-        emit_selected(keys, kappa, selected, row, outputs, sizes, rank, selected_ptr + row * KEYS, mask != 0, TOPK,
-                      WORLD, INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
+        mask = tl.sum(tl.where(saturated, tl.full((world_p2,), 1, tl.int64) << sender, 0), axis=0)
+        emit_selected(keys, kappa, selected, row, outputs, sizes, rank, selected_ptr + row * rescue_keys(TOPK),
+                      mask != 0, TOPK, WORLD, INTERLEAVE, GID_BITS, EMIT_IDS, EMIT_ROWS, SORTED)
         store_sat(sat_ptr, row, mask, kappa, SCORE_BITS)
+        if LIST_ROW > 0:
+            if ((mask >> rank) & 1) != 0:
+                recv_ptr, rows, peers = lists
+                floor = kappa >> GID_BITS  # ``format.list_floor``
+                if SCORE_BITS == 16:
+                    floor = floor.to(tl.int32)
+                pushed_list(recv_ptr, row, rows, width_limit, peers, mask, floor, rank, list_len(TOPK), PLANES,
+                            list_slots(TOPK, N), LIST_ROW, WORLD, LIBRARY_PEERS, SCORE_BITS)
 
 
 @triton.jit
@@ -144,38 +161,39 @@ def _append_lists(dest, row, mask, recv_ptr, ROOM: tl.constexpr, LIST: tl.conste
 
 
 @triton.jit(do_not_specialize=OUTPUT_SIZES)
-def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, waits, sat_ptr,
-                  selected_ptr, ties_ptr, gather_ptr, epochs_ptr, recv_ptr, max_rows, rank,
-                  TOPK: tl.constexpr, LIST: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
-                  SLOTS: tl.constexpr, WORLD: tl.constexpr, WORLD_P2: tl.constexpr, KEYS: tl.constexpr,
-                  TILE: tl.constexpr,
-                  INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
-                  EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
+def rescue_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, waits, state,
+                  recv_ptr, TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr, WORLD: tl.constexpr,
+                  INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr,
+                  SORTED: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
     """Rows with saturated ranks. The select left its keys >= kappa in
-    candidate order in the row's ``selected_ptr`` ([T, KEYS] int64
-    scratch; TOPK rounded up to a power of 2 of them, zeros after): the
-    unsaturated ranks' round-1 words >= kappa are those not owned by a
-    saturated rank. With one saturated rank its list is read where it was
-    received; with more, the lists are appended in the row's second half.
-    When they fit KEYS // 2, all are selected in registers as the select
-    does (its ``kth_largest`` and emit). Longer lists (many saturated
-    ranks): the candidates are streamed in tiles instead, a radix select
-    summed over the tiles finds the K-th key, and the selected keys are
-    compacted."""
+    candidate order in the row's ``selected_ptr`` ([T, rescue_keys(TOPK)]
+    int64 scratch, in ``state``; TOPK rounded up to a power of 2 of them,
+    zeros after): the unsaturated ranks' round-1 words >= kappa are those
+    not owned by a saturated rank. With one saturated rank its list is read
+    where it was received; with more, the lists are appended in the row's
+    second half. When they fit half the scratch row, all are selected in
+    registers as the select does (its ``kth_largest`` and emit). Longer
+    lists (many saturated ranks): the candidates are streamed in tiles
+    instead, a radix select summed over the tiles finds the K-th key, and
+    the selected keys are compacted."""
     after_prior_kernel(PDL)
     sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
     flags_ptr, status_ptr, max_spins = waits
+    sat_ptr, selected_ptr, ties_ptr, gather_ptr, epochs_ptr, max_rows, rank = state
+    LIST: tl.constexpr = list_len(TOPK)
+    SLOTS: tl.constexpr = list_slots(TOPK, N)
+    TILE: tl.constexpr = RESCUE_TILE
     row = tl.program_id(0).to(tl.int64)
     epoch = call_epoch(epochs_ptr, row)
     mask, kappa = load_sat(sat_ptr, row, SCORE_BITS)
     ok = True
     if mask != 0:
         ok = _wait_all(flags_ptr + WORLD * max_rows, mask, row, epoch, max_rows, max_spins, status_ptr, WORLD,
-                       WORLD_P2)
+                       power_of_2(WORLD))
         if ok:
-            selected_row = selected_ptr + row * KEYS
+            selected_row = selected_ptr + row * rescue_keys(TOPK)
             width: tl.constexpr = power_of_2(TOPK)
-            half: tl.constexpr = KEYS // 2  # the tile [2, half]: the select's keys, then the lists
+            half: tl.constexpr = rescue_keys(TOPK) // 2  # the tile [2, half]: the select's keys, then the lists
             part = tl.arange(0, 2)[:, None]
             slot = tl.arange(0, half)[None, :] + 0 * part
             if (mask & (mask - 1)) == 0:  # one list (the usual case): read where it was received
@@ -267,8 +285,8 @@ def order_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride
         keys = tl.sort(tl.load(selected_ptr + row * KEYS + slot), dim=1, descending=True)
         chosen = keys != 0
         count = tl.sum(tl.sum(chosen.to(tl.int32), axis=1), axis=0)
-        write_outputs(keys, chosen, slot, count, row, outputs, sizes, rank, TOPK, WORLD, INTERLEAVE, GID_BITS,
-                      EMIT_IDS, EMIT_ROWS)
+        write_outputs(key_gid(keys, GID_BITS), chosen, slot, count, row, outputs, sizes, rank, TOPK, WORLD,
+                      INTERLEAVE, EMIT_IDS, EMIT_ROWS)
 
 
 def output_args(ids, rows, fallback) -> tuple:
@@ -293,44 +311,88 @@ def _emits(ids, rows, sorted) -> dict:
     return dict(EMIT_IDS=ids is not None and not sorted, EMIT_ROWS=rows is not None and not sorted, SORTED=sorted)
 
 
+def state_args(sat, selected, ties, gather, epochs, max_rows, rank) -> tuple:
+    """The select's and the rescue's buffers, one tuple argument: saturation
+    states, the scratch of their keys (``rescue_keys``) and of the k-th
+    key's ties (TIE_TILE), the gather buffer and the rows' epochs."""
+    return sat, selected, ties, gather, epochs, max_rows, rank
+
+
+@dataclass(frozen=True)
+class ShortLists:
+    """A saturated rank's pushed lists, built by the select itself on rows
+    of at most ``pack.SHORT_ROWS`` tokens (``pack.pushed_list``): this
+    rank's ``logits`` [T, S], their windows, the receive buffer ``recv``
+    and where the lists go (``pack.Publish``, with list slots)."""
+
+    logits: torch.Tensor
+    row_starts: torch.Tensor | None
+    row_ends: torch.Tensor
+    recv: torch.Tensor
+    publish: Publish
+    max_local_len: int
+
+
 def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, selected, max_rows, rank,
-                  world_size, topk, local_topk, planes, interleave, gid_bits, max_spins, pdl, score_bits=16) -> Launch:
+                  world_size, topk, local_topk, planes, interleave, gid_bits, max_spins, pdl, score_bits=16,
+                  lists: ShortLists | None = None, **_) -> Launch:
     """Round 1's select: ids and/or rows of every row and its saturation
-    state (a saturated rank's pushed list is built afterwards, by
-    ``pack.select_local``). ties: int64 [>= T, TIE_TILE] and selected:
-    int64 [>= T, rescue_keys(K)] scratch (the select sorts through it, and
-    leaves its keys there for the rescue on rows with saturated ranks)."""
+    state, and with ``lists`` the pushed lists where this rank is saturated
+    (else ``pack.select_local`` builds them afterwards). ties: int64
+    [>= T, TIE_TILE] and selected: int64 [>= T, rescue_keys(K)] scratch
+    (the select sorts through it, and leaves its keys there for the rescue
+    on rows with saturated ranks)."""
+    width, list_args, list_row, library_peers = 0, None, 0, 0
+    if lists is not None:
+        pub = lists.publish
+        width = min(lists.logits.shape[1], lists.max_local_len)
+        list_row = short_row(lists.max_local_len)
+        list_args = (lists.recv, (lists.logits, lists.row_starts, lists.row_ends, lists.logits.stride(0)),
+                     (pub.epochs, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, pub.max_rows))
+        library_peers = pub.library_peers
     return Launch(select_kernel, (num_rows,),
-                  (*output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
-                   max_rows, rank),
-                  dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, WORLD_P2=power_of_2(world_size),
-                       KEYS=rescue_keys(topk), INTERLEAVE=interleave, GID_BITS=gid_bits,
-                       **_emits(ids, rows, sorted), PDL=pdl, SCORE_BITS=score_bits), SELECT_WARPS)
+                  (*output_args(ids, rows, epochs), width, (flags, status, max_spins),
+                   state_args(sat, selected, ties, gather, epochs, max_rows, rank), list_args),
+                  dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, INTERLEAVE=interleave,
+                       GID_BITS=gid_bits, **_emits(ids, rows, sorted), LIST_ROW=list_row,
+                       LIBRARY_PEERS=library_peers, PDL=pdl, SCORE_BITS=score_bits), SELECT_WARPS)
 
 
-RESCUE_TILE = 1024
+RESCUE_TILE = tl.constexpr(1024)
 
 
-def rescue_keys(topk: int) -> int:
+@triton.constexpr_function
+def rescue_keys(topk):
     """Candidates the rescue selects in registers: the select's keys (K
     rounded up to a power of 2 slots), then the lists; one list fits."""
     return max(4096, power_of_2(2 * topk))
 
 
+@triton.constexpr_function
+def list_len(topk):
+    """``format.list_len`` in kernels (which cannot call it; tests hold the
+    two equal): K rounded up to a multiple of 32."""
+    return (topk + 31) // 32 * 32
+
+
+@triton.constexpr_function
+def list_slots(topk, local_topk):
+    """Receive slots a row (``format.rescue_slots``, K // N), at least one:
+    a workspace that has none still indexes as one."""
+    return max(topk // local_topk, 1)
+
+
 def rescue_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, epochs, ties, selected, recv,
-                  max_rows, rank, world_size, topk, local_topk, planes, slots, interleave, gid_bits,
-                  max_spins, pdl, score_bits=16) -> Launch:
+                  max_rows, rank, world_size, topk, local_topk, planes, interleave, gid_bits,
+                  max_spins, pdl, score_bits=16, **_) -> Launch:
     """Round 2's rescue. ties: int64 [>= T, TIE_TILE] and selected: int64
-    [>= T, rescue_keys(K)] scratch."""
-    keys = rescue_keys(topk)
+    [>= T, rescue_keys(K)] scratch; recv: the receive buffer."""
     return Launch(rescue_kernel, (num_rows,),
-                  (*output_args(ids, rows, epochs), (flags, status, max_spins), sat, selected, ties, gather, epochs,
-                   recv, max_rows, rank),
-                  dict(TOPK=topk, LIST=fmt.list_len(topk), N=local_topk, PLANES=planes, SLOTS=max(slots, 1),
-                       WORLD=world_size,
-                       WORLD_P2=power_of_2(world_size), KEYS=keys, TILE=RESCUE_TILE, INTERLEAVE=interleave,
+                  (*output_args(ids, rows, epochs), (flags, status, max_spins),
+                   state_args(sat, selected, ties, gather, epochs, max_rows, rank), recv),
+                  dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, INTERLEAVE=interleave,
                        GID_BITS=gid_bits, **_emits(ids, rows, sorted), PDL=pdl, SCORE_BITS=score_bits),
-                  min(16, keys // 256))
+                  min(16, rescue_keys(topk) // 256))
 
 
 def order_launch(*, num_rows, ids, rows, sat, status, selected, rescued_only, rank, world_size, topk, interleave,

@@ -105,6 +105,11 @@ class ReferenceBackend:
         return (max_local_len,)
 
     @staticmethod
+    def merges_locally(ws: DcpTopkWorkspace, width: int) -> bool:
+        """The reference runs every merge as its stages."""
+        return False
+
+    @staticmethod
     def pack(logits, row_ends, out, *, local_topk, max_local_len, row_starts=None, pdl=False,  # pdl: no kernels
              score_bits=16):
         out.copy_(reference.pack(logits, row_ends, local_topk, max_local_len, row_starts, score_bits=score_bits))
@@ -244,6 +249,29 @@ class TritonBackend:
                   push=push, scratch=(ws.scratch, ws.arrivals), pdl=ws.pdl, score_bits=ws.score_bits)
 
     @staticmethod
+    def merges_locally(ws: DcpTopkWorkspace, width: int) -> bool:
+        """Whether a merge of calls ``width`` tokens wide is ``local_merge``:
+        a one-rank group's short rows in 16-bit order."""
+        from .kernels import local
+
+        return local.merges_locally(ws.world_size, ws.score_bits, width, ws.max_local_len)
+
+    @classmethod
+    def local_merge(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs, row_starts=None) -> None:
+        """A one-rank group's merge in one kernel (``kernels/local.py``):
+        the outputs of the pack, select and rescue, bit for bit; no epoch
+        or flag is touched (nothing is exchanged)."""
+        from .kernels import local, select
+
+        if rows:
+            local.local_merge_launch(logits=logits[:rows], row_starts=row_starts, row_ends=row_ends[:rows],
+                                     ids=out.ids, rows=out.rows, sorted=out.sorted, selected=ws.selected,
+                                     topk=ws.topk, max_local_len=ws.max_local_len, gid_bits=ws.gid_bits,
+                                     pdl=ws.pdl)()
+            if out.sorted:
+                select.order_launch(**cls._common(ws, rows, out), rescued_only=False)()
+
+    @staticmethod
     def _common(ws: DcpTopkWorkspace, rows: int, out: Outputs) -> dict:
         return dict(num_rows=rows, ids=out.ids, rows=out.rows, sorted=out.sorted, sat=ws.sat,
                     status=ws.status, gather=ws.gather.local, flags=ws.flags.local, epochs=ws.epochs,
@@ -255,27 +283,35 @@ class TritonBackend:
 
     @classmethod
     def select(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs, row_starts=None) -> None:
-        """The select, then, on the rows where this rank is saturated, its
-        list (``format.list_floor``) into its receive slot on every rank
-        (spread over the row's blocks like the pack), and the rescue flags
-        raised."""
+        """The select, and on the rows where this rank is saturated its list
+        (``format.list_floor``) into its receive slot on every rank, and the
+        rescue flags raised: built by the select itself on rows of at most
+        ``pack.SHORT_ROWS`` tokens, else spread over the row's blocks like
+        the pack, after it."""
         from .kernels import pack, select
 
-        select.select(**cls._common(ws, rows, out))
-        if ws.slots and rows:
-            push = pack.Publish(ws.epochs, ws.recv.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
-                                ws.world_size, sat=ws.sat, list_slots=ws.slots, gid_bits=ws.gid_bits,
-                                library_peers=ws.library_peers)
-            starts = row_starts[:rows] if row_starts is not None else None
-            pack.select_local(ws.recv.local, logits[:rows], starts, row_ends[:rows], n=ws.list_len,
-                              max_local_len=ws.max_local_len, scratch=ws.scratch, arrivals=ws.arrivals,
-                              publish=push, pdl=ws.pdl, score_bits=ws.score_bits)
+        common = cls._common(ws, rows, out)
+        if not (ws.slots and rows):
+            select.select(**common)
+            return
+        push = pack.Publish(ws.epochs, ws.recv.peer_ptrs, ws.flags.peer_ptrs, ws.pes, ws.max_rows, ws.rank,
+                            ws.world_size, sat=ws.sat, list_slots=ws.slots, gid_bits=ws.gid_bits,
+                            library_peers=ws.library_peers)
+        starts = row_starts[:rows] if row_starts is not None else None
+        if min(logits.shape[1], ws.max_local_len) <= pack.SHORT_ROWS:
+            select.select(**common, lists=select.ShortLists(logits[:rows], starts, row_ends[:rows], ws.recv.local,
+                                                            push, ws.max_local_len))
+            return
+        select.select(**common)
+        pack.select_local(ws.recv.local, logits[:rows], starts, row_ends[:rows], n=ws.list_len,
+                          max_local_len=ws.max_local_len, scratch=ws.scratch, arrivals=ws.arrivals,
+                          publish=push, pdl=ws.pdl, score_bits=ws.score_bits)
 
     @classmethod
     def rescue(cls, ws: DcpTopkWorkspace, logits, row_ends, rows: int, out: Outputs) -> None:
         from .kernels import select
 
-        select.rescue(**cls._common(ws, rows, out), slots=ws.slots, recv=ws.recv.local)
+        select.rescue(**cls._common(ws, rows, out), recv=ws.recv.local)
 
 
 # ------------------------------------------------------------- sequence
@@ -324,6 +360,11 @@ def run_merge(workspaces: list[DcpTopkWorkspace], logits, row_ends, outputs: lis
     (every row starts at 0)."""
     impls = [backend(ws.impl) for ws in workspaces]
     starts = row_starts if row_starts is not None else [None] * len(workspaces)
+    if packed is None and len(workspaces) == 1 and impls[0].merges_locally(workspaces[0], logits[0].shape[-1]):
+        first = starts[0][:rows] if starts[0] is not None else None
+        impls[0].local_merge(workspaces[0], logits[0], row_ends[0], rows, outputs[0], first)
+        workspaces[0].check()
+        return
     for r, (ws, impl) in enumerate(zip(workspaces, impls)):
         mine = packed[r] if packed is not None else None
         first = starts[r][:rows] if starts[r] is not None else None

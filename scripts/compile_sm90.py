@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from nvshmem_topk import format as fmt
-from nvshmem_topk.kernels import exchange, pack, select, spread
+from nvshmem_topk.kernels import exchange, local, pack, select, spread
 from nvshmem_topk.protocol import RowsOutput, TritonBackend
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -70,7 +70,8 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, sc
     tokens on a rank of ``world_size``, the pack's pipelines for N (rows
     given no starts) and for K rounded up to 32 (pushed lists; rows given
     starts), so that both forms of the row window compile, the packing of a
-    caller's indices, and the select and the rescue in both output forms."""
+    caller's indices, and the select (also building short rows' pushed
+    lists), the rescue and a one-rank group's merge in both output forms."""
     rows, max_rows, interleave = 1, 1, 1
     width = 131072
     planes = fmt.num_planes(width)
@@ -104,9 +105,17 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, sc
                   selected=torch.zeros(rows, select.rescue_keys(topk), dtype=torch.int64), max_rows=max_rows,
                   rank=0, world_size=world_size, topk=topk, local_topk=local_topk, planes=planes,
                   interleave=interleave, gid_bits=gid_bits, max_spins=1000, pdl=True, score_bits=score_bits)
+    recv = torch.zeros(1, **i32)
+    short = logits[:, :pack.SHORT_ROWS]  # rows this short build their pushed lists in the select
+    lists = select.ShortLists(short, None, ends, recv, publish, width)
     for sorted_ in (False, True):  # sorted: the select and the rescue only store the chosen keys
         yield select.select_launch(**common, sorted=sorted_)
-        yield select.rescue_launch(**common, sorted=sorted_, recv=torch.zeros(1, **i32), slots=slots)
+        yield select.select_launch(**common, sorted=sorted_, lists=lists)
+        yield select.rescue_launch(**common, sorted=sorted_, recv=recv)
+        if world_size == 1 and score_bits == 16:
+            yield local.local_merge_launch(logits=short, row_starts=None, row_ends=ends, ids=common["ids"],
+                                           rows=kv, sorted=sorted_, selected=common["selected"], topk=topk,
+                                           max_local_len=width, gid_bits=gid_bits, pdl=True)
     yield select.order_launch(**common, rescued_only=True)
 
 

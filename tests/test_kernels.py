@@ -140,6 +140,53 @@ def test_merge_whose_pack_pushes_matches_reference(world_size, device, pack_kern
         assert_exact(got.cpu(), oracle_topk(logits, ends, k, inter), context=name)
 
 
+def _one_rank_merge(logits, ends, k, n, impl, sorted_, starts=None):
+    """ids, owned rows and their counts of a one-rank group's merge (both
+    outputs asked), as a serving call runs it."""
+    rows, width = logits.shape
+    device = logits.device
+    group = nt.SimulatedGroup(1, device)
+    ws = nt.init_dcp_topk_merge(group.ranks[0], max_rows=rows, topk=k, local_topk=n, max_local_len=width, impl=impl)
+    # 17 blocks of 16 tokens a request: tokens from 272 on are off the table (dropped from the rows)
+    table = torch.randperm(rows * 40, generator=torch.Generator().manual_seed(3))[: rows * 17].view(rows, 17)
+    ids = torch.full((rows, k), -7, dtype=torch.int32, device=device)
+    rows_out = torch.full((rows, k + 2), -7, dtype=torch.int32, device=device)
+    valid = torch.full((rows,), -7, dtype=torch.int32, device=device)
+    nt.dcp_topk_merge_rows(logits=logits, row_ends=ends, workspace=ws, ids_out=ids,
+                           req_id=torch.arange(rows - 1, -1, -1, dtype=torch.int32, device=device),
+                           block_table=table.int().to(device), block_size=16, stride_rows=64, rows_out=rows_out,
+                           valid_out=valid, sorted=sorted_, row_starts=starts)
+    ws.destroy()
+    group.destroy()
+    return ids.cpu(), rows_out.cpu(), valid.cpu()
+
+
+@needs_triton
+@pytest.mark.parametrize("sorted_", [False, True])
+def test_one_rank_merge_is_one_kernel_with_the_stages_outputs(sorted_, monkeypatch, device):
+    """A one-rank group's merge of short rows is one kernel
+    (``local_merge_kernel``; then ``order_kernel`` when sorted), whose ids,
+    owned rows (the last blocks off the table) and counts are the stages'
+    (the reference's), on every family, with row starts, fp16 logits, K not
+    a multiple of 32 and N below K."""
+    from nvshmem_topk.kernels import launch
+
+    launched = []
+    run = launch.Launch.__call__
+    monkeypatch.setattr(launch.Launch, "__call__", lambda self: (launched.append(self.kernel.__name__), run(self))[1])
+    for name, logits, ends, k, n, _ in families(1, seed=5, rows=3, width=300, topk=45):
+        starts = torch.tensor([0, 7, 250], dtype=torch.int32) if name == "random" else None
+        for x in (logits[0], logits[0].half()) if name == "random" else (logits[0],):
+            for local_topk in (n, 32):
+                launched.clear()
+                got = _one_rank_merge(x.to(device), ends[0].to(device), k, local_topk, "triton", sorted_,
+                                      None if starts is None else starts.to(device))
+                assert launched == ["local_merge_kernel"] + ["order_kernel"] * sorted_, (name, launched)
+                want = _one_rank_merge(x, ends[0], k, local_topk, "reference", sorted_, starts)
+                for g, w in zip(got, want):
+                    assert torch.equal(g, w), name
+
+
 @needs_triton
 @pytest.mark.parametrize("topk,local_topk", [(1, 1), (7, 3), (45, 20), (96, 32), (160, 64)])
 def test_any_topk_and_local_topk_match_reference(topk, local_topk, device, pack_kernels):
@@ -647,11 +694,16 @@ def test_kth_largest_near_the_top_and_far_from_it(device):
 def test_kernels_size_packed_rows_as_the_format_does():
     from nvshmem_topk import format as fmt
     from nvshmem_topk.kernels.keys import packed_words
+    from nvshmem_topk.kernels.select import list_len, list_slots
 
     for n in (32, 64, 384, 2048, 4096):
         for planes in range(fmt.MAX_PLANES + 1):
             for score_bits in fmt.SCORE_BITS:
                 assert packed_words(n, planes, score_bits) == fmt.packed_row_words(n, planes, score_bits)
+    for topk in (1, 31, 32, 45, 2048, 3000, 4096):
+        assert list_len(topk) == fmt.list_len(topk)
+        for n in (32, 384, 4096):
+            assert list_slots(topk, n) == max(fmt.rescue_slots(topk, n), 1)
 
 
 def test_plan_sizes_the_room_and_the_scratch():
