@@ -13,8 +13,8 @@ import triton.language as tl
 from . import pack
 from .keys import store_keys, write_outputs
 from .launch import Launch
-from .pack import ROW_WARPS, row_lines, short_row
-from .rows import bisected_threshold, kept_of_row, load_tokens, row_window, token_ord16
+from .pack import ROW_WARPS, row_lines, row_scores, short_row
+from .rows import bisected_threshold, kept_of_row, row_window, token_ord16
 from .select import OUTPUT_SIZES, output_args, rescue_keys
 from .sync import after_prior_kernel
 
@@ -31,10 +31,10 @@ def local_merge_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, 
     sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
     logits_ptr, row_starts_ptr, row_ends_ptr, logits_stride = rows
     row = tl.program_id(0).to(tl.int64)
+    x = row_scores(logits_ptr + row * logits_stride, width_limit, ROW, 16)  # issued before the window's loads
     start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
     local, _ = row_lines(ROW, 16)
-    inside = (local >= start) & (local < end)
-    score = token_ord16(load_tokens(logits_ptr + row * logits_stride + local, inside, (start == 0) & (end == ROW)))
+    score = tl.where((local >= start) & (local < end), token_ord16(x), 0)
     threshold, above = bisected_threshold(score, TOPK, 0, 0xFFFF)
     slot, keep, kept = kept_of_row(score, threshold, above, TOPK)
     if SORTED:

@@ -39,27 +39,25 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
                WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
     """The whole local top-N of a short row (ROW tokens, a power of 2 up to
     SHORT_ROWS) in one program (``row_top_n``). A pushed list's row is read
-    before the prior kernel ends, up to the call's width (its window is
-    applied after)."""
+    before the prior kernel ends (the scores were written before the pack,
+    two kernels back); the pack's after it, as the prior kernel may have
+    written them."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * logits_stride
-    preloaded = None
-    if LIST:  # the scores were written before the pack, two kernels back: read while the select runs
-        local, second = row_lines(ROW, SCORE_BITS)
-        preloaded = load_tokens(row_ptr + local, local < width_limit, width_limit >= ROW)
-        if SCORE_BITS == 32:
-            preloaded = (preloaded, load_tokens(row_ptr + local + second, local + second < width_limit,
-                                                width_limit >= ROW))
+    if LIST:
+        scores = row_scores(row_ptr, width_limit, ROW, SCORE_BITS)
     after_prior_kernel(PDL)
+    if not LIST:
+        scores = row_scores(row_ptr, width_limit, ROW, SCORE_BITS)
     active, offset = row_target(row, sat_ptr, rank, words, SLOTS, LIST, SCORE_BITS)
     if active:
         start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
         floor = None
         if LIST:
             floor = list_floor(sat_ptr, row, KAPPA_SHIFT, SCORE_BITS)
-        row_top_n(out_ptr + offset, row_ptr, start, end, preloaded, floor, N, PLANES, ROW, SCORE_BITS)
+        row_top_n(out_ptr + offset, scores, start, end, floor, N, PLANES, ROW, SCORE_BITS)
         publish_row(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
 
 
@@ -75,45 +73,49 @@ def row_lines(ROW: tl.constexpr, SCORE_BITS: tl.constexpr):
 
 
 @triton.jit
-def row_top_n(out_row, row_ptr, start, end, preloaded, floor, N: tl.constexpr, PLANES: tl.constexpr,
-              ROW: tl.constexpr, SCORE_BITS: tl.constexpr):
-    """The packed top-N of the valid tokens [start, end) of the short row
-    at ``row_ptr`` (ROW tokens at most) into ``out_row``: the row held in
-    registers as ``row_lines``, its threshold by ``bisected_threshold``
-    (the same counts for any scores; 32-bit scores,
-    ``bisected_threshold32``), then one scan in token order
-    (``line_positions``) of ``above_and_ties`` places the kept ones; the
-    rest of the packed row is zeroed (no id reaches 2^16: every plane bit is
-    0). 32-bit scores are held as two parts of the row, each placed in
-    turn: at once, their compaction's addresses and values outgrow the
-    registers. ``preloaded``: the row's scores already read (a tensor, or
-    two with 32-bit scores; NaN past the call's width), or None: read here.
-    ``floor``: None, or a pushed list's (``list_floor``: only tokens at or
-    above it are listed)."""
+def row_scores(row_ptr, width_limit, ROW: tl.constexpr, SCORE_BITS: tl.constexpr):
+    """A short row's scores (``row_lines``; two parts with 32-bit scores),
+    NaN past the call's width: read before the row's window is known (its
+    bounds are loads too), one unmasked vector load a line when the call is
+    ROW tokens wide."""
+    local, second = row_lines(ROW, SCORE_BITS)
+    scores = load_tokens(row_ptr + local, local < width_limit, width_limit >= ROW)
+    if SCORE_BITS == 32:
+        scores = (scores, load_tokens(row_ptr + local + second, local + second < width_limit, width_limit >= ROW))
+    return scores
+
+
+@triton.jit
+def row_top_n(out_row, scores, start, end, floor, N: tl.constexpr, PLANES: tl.constexpr, ROW: tl.constexpr,
+              SCORE_BITS: tl.constexpr):
+    """The packed top-N of the valid tokens [start, end) of a short row
+    (``scores``: as ``row_scores`` reads them) into ``out_row``: the row
+    held in registers, its threshold by ``bisected_threshold`` (the same
+    counts for any scores; 32-bit scores, ``bisected_threshold32``), then
+    one scan in token order (``line_positions``) of ``above_and_ties``
+    places the kept ones; the rest of the packed row is zeroed (no id
+    reaches 2^16: every plane bit is 0). 32-bit scores are held as two
+    parts of the row, each placed in turn: at once, their compaction's
+    addresses and values outgrow the registers. ``floor``: None, or a
+    pushed list's (``list_floor``: only tokens at or above it are listed)."""
     local, second = row_lines(ROW, SCORE_BITS)
     inside = (local >= start) & (local < end)
-    whole = (start == 0) & (end == ROW)
     if SCORE_BITS == 32:
         inside2 = (local + second >= start) & (local + second < end)
-        if preloaded is None:
-            preloaded = (load_tokens(row_ptr + local, inside, whole), load_tokens(row_ptr + local + second, inside2,
-                                                                                  whole))
-        _row_top_n32(out_row, preloaded, (inside, inside2), local, floor, N, PLANES, second)
+        _row_top_n32(out_row, scores, (inside, inside2), local, floor, N, PLANES, second)
     else:
-        if preloaded is None:
-            preloaded = load_tokens(row_ptr + local, inside, whole)
-        _row_top_n16(out_row, preloaded, inside, local, floor, N, PLANES)
+        _row_top_n16(out_row, scores, inside, local, floor, N, PLANES)
 
 
 @triton.jit
 def _row_top_n16(out_row, x, inside, local, floor, N: tl.constexpr, PLANES: tl.constexpr):
     """``row_top_n`` by the 16-bit order of the scores ``x`` (``inside``
     their window)."""
-    score = token_ord16(x)
+    score = tl.where(inside, token_ord16(x), 0)
     if floor is not None:
         # A pushed list holds only tokens at or above kappa's level: when
         # at most N are, they are the list, and no count picks them.
-        score = tl.where(inside & (score >= floor), score, 0)
+        score = tl.where(score >= floor, score, 0)
         above = tl.sum(tl.sum((score != 0).to(tl.int32), axis=1), axis=0)
         threshold = tl.zeros((), dtype=tl.int32)  # every valid token is above it
         if above > N:
@@ -169,9 +171,9 @@ def pushed_list(recv_ptr, row, rows, width_limit, peers, mask, floor, rank, N: t
     logits_ptr, row_starts_ptr, row_ends_ptr, logits_stride = rows
     words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
     offset = (row * SLOTS + list_slot(mask, rank)) * words
+    scores = row_scores(logits_ptr + row * logits_stride, width_limit, ROW, SCORE_BITS)
     start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
-    row_top_n(recv_ptr + offset, logits_ptr + row * logits_stride, start, end, None, floor, N, PLANES, ROW,
-              SCORE_BITS)
+    row_top_n(recv_ptr + offset, scores, start, end, floor, N, PLANES, ROW, SCORE_BITS)
     publish_row(recv_ptr, offset, row, peers, rank, words, WORLD, True, LIBRARY_PEERS)
 
 
