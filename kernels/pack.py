@@ -10,7 +10,8 @@ threshold from sixteen counts, one a bit, then one ordered compaction.
 Scores in exact fp32 order (32-bit words) take it too, with sixteen counts
 more, on the boundary level's low halves.
 
-Wider calls take the three kernels of ``spread``, where no program walks a
+Wider calls take the three kernels of the spread pipeline (``spread.py``:
+estimate, filter, finish), where no program walks a
 row (32-bit scores are sampled and filtered by their top halves). Whatever
 the kernel, the output is ``reference.pack``'s, bit for bit."""
 
@@ -21,6 +22,9 @@ import triton
 import triton.language as tl
 
 from . import spread
+from .estimate import estimate_kernel
+from .filter import filter_kernel
+from .finish import finish_kernel
 from .keys import (NO_SCORE32, folded32, is_nan_bits, low_halves, low_halves_at, ord16, packed_word, packed_words,
                    score_bits)
 from .launch import Launch
@@ -227,7 +231,7 @@ def _planes(words: int, n: int, score_bits: int) -> int:
 def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, scratch, arrivals,
              publish: Publish | None = None, pdl: bool = False, score_bits: int = 16) -> list[Launch]:
     """The launches of ``select_local``: one (``row_kernel``) for calls at
-    most SHORT_ROWS wide, else the four of the spread pipeline, each
+    most SHORT_ROWS wide, else the three of the spread pipeline, each
     compiled for the widest call of its class; none for no rows."""
     rows, width = logits.shape
     if rows == 0:
@@ -249,8 +253,35 @@ def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, s
         pairs = logits.dtype == torch.float32  # the scores' top halves paired
     else:
         pairs = logits.dtype == torch.bfloat16 and logits.stride(0) % 2 == 0 and logits.data_ptr() % 4 == 0
-    return spread.launches(out, scratch, rows_arg, peers_arg, limit, n=n, max_local_len=max_local_len, pairs=pairs,
-                           target=target, peers=peers)
+    return _spread_launches(out, scratch, rows_arg, peers_arg, limit, n=n, max_local_len=max_local_len, pairs=pairs,
+                            target=target, peers=peers)
+
+
+def _spread_launches(out, scratch, rows_arg, peers_arg, limit: int, *, n: int, max_local_len: int, pairs: bool,
+                     target: dict, peers: dict) -> list[Launch]:
+    """The spread pipeline's three launches (``spread.py``) over
+    ``rows_arg``'s rows (``target`` holds SCORE_BITS), each compiled for
+    rows of up to ``max_local_len`` tokens; ``pairs``: rows read two tokens
+    a word (bf16; fp32 with 32-bit scores)."""
+    rows = rows_arg[0].shape[0]
+    words = out.shape[-1]
+    listing, pdl, score_bits = target["LIST"], target["PDL"], target["SCORE_BITS"]
+    p = spread.plan(n, max_local_len, score_bits)
+    blocks = triton.cdiv(max(limit, 1), spread.BLOCK.value)
+    spans = triton.cdiv(blocks, p.span)
+    return [
+        Launch(estimate_kernel, (rows,), (out, scratch, rows_arg, limit),
+               dict(N=n, WORDS=words, SLOTS=target["SLOTS"], LIST=listing, GROUPS=p.groups, ROOM=p.room, PDL=pdl,
+                    SCORE_BITS=score_bits), spread.ESTIMATE_WARPS),
+        Launch(filter_kernel, (blocks, rows), (scratch, rows_arg, limit),
+               dict(REGION=p.region, REGIONS_AT=p.regions_at, LOWS_AT=p.lows_at, LIST=listing,
+                    PAIRS=pairs, PDL=pdl, SCORE_BITS=score_bits), spread.FILTER_WARPS,
+               spread.FILTER32_REGISTERS if score_bits == 32 else None),
+        Launch(finish_kernel, (rows, spans), (out, scratch, rows_arg, limit, peers_arg),
+               dict(target, REGION=p.region, BLOCKS_P2=p.blocks_p2, SPANS_KEPT_AT=p.spans_kept_at,
+                    REGIONS_AT=p.regions_at, LOWS_AT=p.lows_at, ROOM=p.room, SPAN=p.span, **peers),
+               max(spread.SPAN_WARPS, p.room // 512)),
+    ]
 
 
 def select_local(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, scratch, arrivals,

@@ -19,7 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import format as fmt
 from .keys import (TIE_TILE, decode_keys, emit_selected, key_gid, kth_largest, load_sat, owner_and_local, packed_words,
                    power_of_2, radix_boundary, radix_digit_histogram, store_sat, write_outputs)
 from .exchange import call_epoch, gather_slot

@@ -355,9 +355,10 @@ def run_merge(workspaces: list[DcpTopkWorkspace], logits, row_ends, outputs: lis
               packed=None, row_starts=None) -> None:
     """pack -> exchange -> select -> rescue of ``rows`` rows, each stage for
     every rank given before the next stage starts (one rank on a real group;
-    all virtual ranks on a simulated one). ``packed``: per rank, round-1
-    rows that replace the pack, or None; ``row_starts``: per rank, or None
-    (every row starts at 0)."""
+    all virtual ranks on a simulated one), or a one-rank group's
+    ``local_merge`` where its backend takes one. ``packed``: per rank,
+    round-1 rows that replace the pack, or None; ``row_starts``: per rank,
+    or None (every row starts at 0)."""
     impls = [backend(ws.impl) for ws in workspaces]
     starts = row_starts if row_starts is not None else [None] * len(workspaces)
     if packed is None and len(workspaces) == 1 and impls[0].merges_locally(workspaces[0], logits[0].shape[-1]):

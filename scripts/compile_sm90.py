@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from nvshmem_topk import format as fmt
-from nvshmem_topk.kernels import exchange, local, pack, select, spread
+from nvshmem_topk.kernels import exchange, finish, local, pack, select
 from nvshmem_topk.protocol import RowsOutput, TritonBackend
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -155,7 +155,7 @@ def main(device_library: str | None = None) -> list[dict]:
         config = CONFIGS[0]
         jobs += [(config, variant, {"libnvshmem_device": device_library})
                  for variant in variants(*config, library_peers=(1 << config[0]) - 2)
-                 if variant.kernel in (exchange.push_rows_kernel, spread.finish_kernel)]
+                 if variant.kernel in (exchange.push_rows_kernel, finish.finish_kernel)]
     for (world_size, topk, local_topk, _, *bits), variant, extern_libs in jobs:
         score_bits = bits[0] if bits else 16
         row = dict(compile_one(variant, extern_libs=extern_libs), W=world_size, K=topk, N=local_topk,

@@ -6,7 +6,8 @@ import triton.language as tl
 
 from nvshmem_topk.kernels.keys import TIE_TILE, kth_largest, radix_boundary
 from nvshmem_topk.kernels.rows import bisected_threshold, load_tokens, trim_list
-from nvshmem_topk.kernels.spread import _block_pairs, _block_tokens, _filter_block, _filter_pairs, _score_floor
+from nvshmem_topk.kernels.filter import _block_pairs, _filter_block, _filter_pairs, _score_floor
+from nvshmem_topk.kernels.spread import block_tokens
 
 
 @triton.jit
@@ -48,7 +49,7 @@ def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.co
     if PAIRS:
         _filter_pairs(scratch, _block_pairs(x_ptr, block, (0, width), 16), block, REGION, REGIONS_AT, 0, 16)
     else:
-        x, local = _block_tokens(x_ptr, 0, 0, block, (0, width))
+        x, local = block_tokens(x_ptr, 0, 0, block, (0, width))
         _filter_block(scratch, x, local, block, REGION, REGIONS_AT)
 
 
