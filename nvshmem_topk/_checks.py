@@ -85,6 +85,19 @@ def packed_out(out, rows: int, words: int, device) -> torch.Tensor:
     return out
 
 
+def check_pack(logits, row_ends, row_starts, candidates: int, max_local_len: int, out, pdl, score_dtype):
+    """A pack stage's arguments (``candidates``: N, its packed row's
+    candidates): (rows, out, row_starts cut to the rows, pdl, score_bits),
+    ``out`` [rows, packed_row_words(N, P, score_bits)] checked or new."""
+    rows = check_logits(logits, row_ends, row_starts=row_starts)
+    check_int("max_local_len", max_local_len, 1, fmt.MAX_LOCAL_LEN)
+    score_bits = fmt.score_bits_of(score_dtype)
+    out = packed_out(out, rows, fmt.packed_row_words(candidates, fmt.num_planes(max_local_len), score_bits),
+                     logits.device)
+    starts = row_starts[:rows] if row_starts is not None else None
+    return rows, out, starts, check_pdl(pdl, out.device), score_bits
+
+
 def check_rows(rows: RowsOutput, num_rows: int, topk: int, device) -> None:
     check_tensor("req_id", rows.req_id, torch.int32, 1, device)
     if rows.req_id.shape[0] < num_rows:
@@ -109,6 +122,25 @@ def check_workspace(workspace) -> DcpTopkWorkspace:
         raise TypeError(f"workspace must be a DcpTopkWorkspace, got {type(workspace).__name__}")
     workspace.check()
     return workspace
+
+
+def check_exchange(packed, workspace) -> DcpTopkWorkspace:
+    """``dcp_topk_exchange``'s arguments: int32 [T, words] round-1 rows that
+    fit the workspace; returns the workspace."""
+    check_tensor("packed", packed, torch.int32, 2)
+    ws = check_workspace(workspace)
+    check_fits(ws, packed.shape[0])
+    check_out("packed", packed, (packed.shape[0], ws.row_words), ws.device)
+    return ws
+
+
+def check_packed(ws: DcpTopkWorkspace, rows: int, packed) -> list | None:
+    """A merge's round-1 rows given by the caller (int32 [rows, words]), as
+    the coordinator takes them (one a rank), or None."""
+    if packed is None:
+        return None
+    check_out("packed", packed, (rows, ws.row_words), ws.device)
+    return [packed]
 
 
 def check_fits(ws: DcpTopkWorkspace, rows: int) -> None:

@@ -16,10 +16,6 @@ from .groups.simulated import SimulatedGroup
 from .workspace import DcpTopkWorkspace
 
 
-
-# ------------------------------------------------------------ workspace
-
-
 def init_dcp_topk_merge(
     group: DcpGroup, *, max_rows: int, topk: int, max_local_len: int, local_topk: int | None = None,
     interleave: int = 1, impl: str | None = None, exchange: str = "push", timeout_s: float = 5.0, pdl=None,
@@ -29,29 +25,24 @@ def init_dcp_topk_merge(
     merge and before CUDA-graph capture).
 
     max_rows: most rows (T) of one merge; topk: K; max_local_len: the
-    largest local length any row_ends will declare (sets the bit planes,
-    at most 2^20); local_topk: N, default ``default_local_topk(K, W)``,
-    rounded up to a multiple of 32 (``ws.local_topk``);
-    interleave: I, tokens per rank in a run; impl: "triton" (default on
-    CUDA) or "reference" (default on CPU); exchange: how round-1 rows travel,
-    "push" (Triton stores into every peer's buffer, bounded waits; the
-    default and the fastest measured), "all_gather" (NCCL) or "fcollect"
-    (NVSHMEM's, NvshmemGroup only; its wait is unbounded); timeout_s: bound
-    of every wait; pdl: launch each kernel as a programmatic dependent of
-    the one before (default: on GPUs); score_dtype: None ranks scores in
-    their own bf16 or fp16 order (fp32 logits rounded to bf16 first), or
-    torch.float32 in the exact fp32 order of any float logits."""
+    largest local length any row_ends will declare (sets the bit planes, at
+    most 2^20); local_topk: N, default ``default_local_topk(K, W)``, rounded
+    up to a multiple of 32 (``ws.local_topk``); interleave: I, tokens per
+    rank in a run; impl: "triton" (default on CUDA) or "reference" (default
+    on CPU); exchange: how round-1 rows travel, "push" (Triton stores into
+    every peer's buffer, bounded waits; the default and the fastest
+    measured), "all_gather" (NCCL) or "fcollect" (NVSHMEM's, NvshmemGroup
+    only; its wait is unbounded); timeout_s: bound of every wait; pdl:
+    launch each kernel as a programmatic dependent of the one before
+    (default: on GPUs); score_dtype: None ranks scores in their own bf16 or
+    fp16 order (fp32 logits rounded to bf16 first), or torch.float32 in the
+    exact fp32 order of any float logits."""
     local_topk, impl = checks.check_settings(group, max_rows=max_rows, topk=topk, local_topk=local_topk,
                                              max_local_len=max_local_len, interleave=interleave, impl=impl,
                                              exchange=exchange, timeout_s=timeout_s)
-    score_bits = fmt.score_bits_of(score_dtype)
-    return DcpTopkWorkspace(
-        group, max_rows=max_rows, topk=topk, local_topk=local_topk, max_local_len=max_local_len,
-        interleave=interleave, impl=impl, exchange=exchange, timeout_s=float(timeout_s),
-        pdl=checks.check_pdl(pdl, group.device), score_bits=score_bits)
-
-
-# ---------------------------------------------------------------- stages
+    return DcpTopkWorkspace(group, max_rows=max_rows, topk=topk, local_topk=local_topk, max_local_len=max_local_len,
+                            interleave=interleave, impl=impl, exchange=exchange, timeout_s=float(timeout_s),
+                            pdl=checks.check_pdl(pdl, group.device), score_bits=fmt.score_bits_of(score_dtype))
 
 
 def dcp_topk_pack(
@@ -65,16 +56,12 @@ def dcp_topk_pack(
     ``row_starts[t]`` (default 0) to ``min(row_ends[t], S, max_local_len)``,
     NaN excluded, packed by ascending local id into int32
     [T, packed_row_words(N, P, score_bits)] (0 = empty slot)."""
-    rows = checks.check_logits(logits, row_ends, row_starts=row_starts)
     checks.check_int("local_topk", local_topk, fmt.WARP, None, fmt.WARP)
-    checks.check_int("max_local_len", max_local_len, 1, fmt.MAX_LOCAL_LEN)
-    impl = resolve_impl(impl, logits.device)
-    score_bits = fmt.score_bits_of(score_dtype)
-    words = fmt.packed_row_words(local_topk, fmt.num_planes(max_local_len), score_bits)
-    out = checks.packed_out(out, rows, words, logits.device)
-    starts = row_starts[:rows] if row_starts is not None else None
-    backend(impl).pack(logits[:rows], row_ends[:rows], out, local_topk=local_topk, max_local_len=max_local_len,
-                       row_starts=starts, pdl=checks.check_pdl(pdl, out.device), score_bits=score_bits)
+    rows, out, starts, pdl, score_bits = checks.check_pack(logits, row_ends, row_starts, local_topk, max_local_len,
+                                                           out, pdl, score_dtype)
+    backend(resolve_impl(impl, logits.device)).pack(logits[:rows], row_ends[:rows], out, local_topk=local_topk,
+                                                    max_local_len=max_local_len, row_starts=starts, pdl=pdl,
+                                                    score_bits=score_bits)
     return out
 
 
@@ -89,31 +76,22 @@ def dcp_topk_pack_indices(
     ids must be a top-N by score (in the order ``score_dtype`` names, as in
     ``dcp_topk_pack``) for the merge to be exact
     (``assert_packed_merge_contract``)."""
-    rows = checks.check_logits(logits, row_ends, row_starts=row_starts)
     checks.check_tensor("local_idx", local_idx, torch.int32, 2, logits.device)
+    checks.check_int("local_idx.shape[1]", local_idx.shape[1], fmt.WARP, None, fmt.WARP)
+    rows, out, starts, pdl, score_bits = checks.check_pack(logits, row_ends, row_starts, local_idx.shape[1],
+                                                           max_local_len, out, pdl, score_dtype)
     if local_idx.shape[0] != rows:
         raise ValueError(f"local_idx must have {rows} rows, got {tuple(local_idx.shape)}")
-    checks.check_int("local_idx.shape[1]", local_idx.shape[1], fmt.WARP, None, fmt.WARP)
-    checks.check_int("max_local_len", max_local_len, 1, fmt.MAX_LOCAL_LEN)
-    impl = resolve_impl(impl, logits.device)
-    score_bits = fmt.score_bits_of(score_dtype)
-    words = fmt.packed_row_words(local_idx.shape[1], fmt.num_planes(max_local_len), score_bits)
-    out = checks.packed_out(out, rows, words, logits.device)
-    pdl = checks.check_pdl(pdl, out.device)
-    starts = row_starts[:rows] if row_starts is not None else None
-    backend(impl).pack_indices(logits, local_idx, row_ends[:rows], out, max_local_len=max_local_len,
-                               row_starts=starts, pdl=pdl, score_bits=score_bits)
+    backend(resolve_impl(impl, logits.device)).pack_indices(logits, local_idx, row_ends[:rows], out,
+                                                            max_local_len=max_local_len, row_starts=starts, pdl=pdl,
+                                                            score_bits=score_bits)
     return out
 
 
 def dcp_topk_exchange(packed: torch.Tensor, *, workspace: DcpTopkWorkspace) -> None:
     """Push this rank's round-1 rows [T, words] into every rank's gather
     buffer (this call's epoch parity) and release their flags."""
-    checks.check_tensor("packed", packed, torch.int32, 2)
-    ws = checks.check_workspace(workspace)
-    checks.check_fits(ws, packed.shape[0])
-    checks.check_out("packed", packed, (packed.shape[0], ws.row_words), ws.device)
-    protocol.exchange(ws, packed)
+    protocol.exchange(checks.check_exchange(packed, workspace), packed)
 
 
 def dcp_topk_select(
@@ -142,20 +120,17 @@ def dcp_topk_rescue(
     backend(ws.impl).rescue(ws, logits, row_ends, num_rows, out)
 
 
-# ----------------------------------------------------------------- merge
-
-
 def dcp_topk_merge(
     logits: torch.Tensor, row_ends: torch.Tensor, topk_indices: torch.Tensor, *,
     workspace: DcpTopkWorkspace, sorted: bool = False, row_starts: torch.Tensor | None = None,
 ) -> None:
     """Exact global top-K ids of this rank's ``logits`` [T, S] (bf16 or
     fp16; fp32 is rounded to bf16 unless the workspace ranks the exact fp32
-    order), its tokens ``row_starts[t] <= l <
-    row_ends[t]`` valid (each [T] int32 or int64; no starts: 0), over the
-    DCP group into ``topk_indices`` [T, K] int32 (global ids, -1 padded;
-    ``sorted`` gives descending score, then ascending id). Collective: every
-    rank calls every merge, in stream order."""
+    order), its tokens ``row_starts[t] <= l < row_ends[t]`` valid (each [T]
+    int32 or int64; no starts: 0), over the DCP group into ``topk_indices``
+    [T, K] int32 (global ids, -1 padded; ``sorted`` gives descending score,
+    then ascending id). Collective: every rank calls every merge, in stream
+    order."""
     if torch.compiler.is_compiling():  # traced as the custom op, which checks its arguments when it runs
         torch.ops.nvshmem_topk.merge(logits, row_ends, topk_indices, workspace.handle, sorted, row_starts)
         return
@@ -182,10 +157,7 @@ def dcp_topk_merge_rows(
     ws, rows = checks.check_merge(workspace, logits, row_ends, row_starts)
     spec = RowsOutput(req_id, block_table, block_size, stride_rows, rows_out, valid_out)
     out = checks.check_outputs(ws, rows, ids_out, spec, sorted)
-    if packed is not None:
-        checks.check_out("packed", packed, (rows, ws.row_words), ws.device)
-        packed = [packed]
-    protocol.run_merge([ws], [logits], [row_ends], [out], rows, packed, [row_starts])
+    protocol.run_merge([ws], [logits], [row_ends], [out], rows, checks.check_packed(ws, rows, packed), [row_starts])
 
 
 def simulate_dcp_topk_merge(
@@ -212,15 +184,11 @@ def simulate_dcp_topk_merge(
         return out[:, :0]
     group = SimulatedGroup(world_size, logits.device)
     try:
-        workspaces = [
-            init_dcp_topk_merge(g, max_rows=rows, topk=topk, local_topk=local_topk,
-                                max_local_len=max(width, 1), interleave=interleave, impl=impl,
-                                score_dtype=score_dtype)
-            for g in group.ranks
-        ]
-        outputs = [Outputs(out[r], None, bool(sorted)) for r in range(world_size)]
-        protocol.run_merge(workspaces, list(logits), list(row_ends), outputs, rows,
-                           row_starts=list(row_starts) if row_starts is not None else None)
+        workspaces = [init_dcp_topk_merge(g, max_rows=rows, topk=topk, local_topk=local_topk, interleave=interleave,
+                                          max_local_len=max(width, 1), impl=impl, score_dtype=score_dtype)
+                      for g in group.ranks]
+        protocol.run_merge(workspaces, list(logits), list(row_ends), [Outputs(o, None, bool(sorted)) for o in out],
+                           rows, row_starts=list(row_starts) if row_starts is not None else None)
     finally:
         group.destroy()
     return out
