@@ -19,7 +19,8 @@ def _indexer(micro_batches: int, max_rows: int = ROWS, width: int = WIDTH, topk:
              local_topk: int = TOPK):
     import nvshmem_topk as nt
 
-    # One rank whose N is at most K: it is saturated on every row, so the pushed list and the rescue run too.
+    # One rank whose N is at most K: it is saturated on every row wider than pack.SHORT_ROWS, so the pushed
+    # list and the rescue run too; its shorter rows take the one-kernel merge (kernels/local.py).
     return nt.DcpTopkIndexer(nt.SimulatedGroup(1, "cuda").ranks[0], max_rows=max_rows, topk=topk,
                              local_topk=local_topk, max_local_len=width, micro_batches=micro_batches)
 
@@ -28,11 +29,15 @@ def _variants() -> dict[str, set]:
     """The compiled variants of every kernel of the package, by kernel: the
     keys of Triton's in-process cache (one per specialisation, whether
     compiled here or loaded from Triton's disk cache)."""
+    import importlib
+    import pkgutil
+
     import triton
 
-    from nvshmem_topk.kernels import exchange, pack, select
+    from nvshmem_topk import kernels as package
 
-    kernels = {v for m in (exchange, pack, select) for v in vars(m).values() if isinstance(v, triton.JITFunction)}
+    modules = [importlib.import_module(f"{package.__name__}.{m.name}") for m in pkgutil.iter_modules(package.__path__)]
+    kernels = {v for m in modules for v in vars(m).values() if isinstance(v, triton.JITFunction)}
     return {k.__name__: {key for caches in k.device_caches.values() for key in caches[0]} for k in kernels}
 
 
@@ -89,9 +94,10 @@ def test_nothing_compiles_after_warmup_at_any_width_or_batch_size():
 def test_warmup_at_deepseek_k_then_nothing_compiles():
     """The warm-up at DeepSeek-V3.2's K = 2048, N = 384 (its default at
     W = 8) and 131072 local tokens (1M over 8 ranks), on a one-rank group
-    (so every row saturates and the pushed list and rescue run): prints its
-    time and variant count; merges of every form and width class after it
-    compile nothing."""
+    (so every row wider than 16384 tokens saturates and the pushed list and
+    rescue run; shorter ones take the one-kernel merge): prints its time and
+    variant count; merges of every form and width class after it compile
+    nothing."""
     indexer = _indexer(micro_batches=2, max_rows=64, width=131072, topk=2048, local_topk=384)
     compiled = _timed_warmup(indexer, "at K = 2048")
     gen = torch.Generator().manual_seed(1)
