@@ -15,8 +15,8 @@ profile (one graph has timed 2 µs faster after a profile than before it).
 ``--rows`` measures decode batch sizes instead: per T, the pack at
 [T, 16384] and [T, 131072] and the simulated merge W = 8, S = 16384 over the
 families, and on normal scores the merge's stages alone, its kernel
-launches per rank, the merge with PDL off, and the merge W = 1
-(``timing.merge_breakdown``).
+launches per rank, the merge with PDL off, the merge W = 1
+(``timing.merge_breakdown``) and the generic merge.
 
 ``--fp32`` measures exact fp32 order (score_dtype=torch.float32) instead,
 beside bf16 order of the same scores rounded: the pack at the same shapes
@@ -219,7 +219,8 @@ DECODE_WIDTHS = (16384, 131072)  # the pack's; the merge's shard is 16384 tokens
 def bench_decode(families, row_counts, gen, results, save) -> None:
     """Per T: the pack beside torch.topk at DECODE_WIDTHS and the simulated
     merge W = 8, K = 2048, S = 16384 over ``families``; on normal scores the
-    merge's stages, launches and PDL off, and the merge W = 1."""
+    merge's stages, launches and PDL off, the merge W = 1, and the generic
+    merge run rank by rank on the same inputs."""
     world, width, k, dev = 8, 16384, 2048, torch.device("cuda")
     for rows in row_counts:
         print(f"T = {rows}   family  " + "  ".join(f"pack[{rows},{w}]" for w in DECODE_WIDTHS)
@@ -234,6 +235,8 @@ def bench_decode(families, row_counts, gen, results, save) -> None:
             if family == "normal":
                 single = [family_scores(family, rows, width, gen, dev)[None] for _ in range(CALLS)]
                 entry["merge_w1"] = merge_breakdown(single, ends[:1], k, REPS)
+                entry["generic_by_rank_us"] = bench(graphed_calls(
+                    lambda x: generic_merge_compute(x, k, rank_by_rank=True), copies).replay, CALLS)
             results["decode"].append(entry)
             save()
             print(f"  {family:<18}" + "".join(f"{p['pack_us']:10.1f}" for p in packs)
@@ -241,6 +244,7 @@ def bench_decode(families, row_counts, gen, results, save) -> None:
                   + " ".join(f"{p['torch_topk_us']:.1f}" for p in packs)
                   + f"  exact={all(p['exact'] for p in packs) and merge['exact']}", flush=True)
         normal = next(e for e in results["decode"] if (e["T"], e["family"]) == (rows, "normal"))
+        print(f"  normal: the generic merge W={world}, run rank by rank, {normal['generic_by_rank_us']:.1f}")
         for name, m in (("W=8", normal["merge"]), ("W=1", normal["merge_w1"])):
             print(f"  normal, {name}: merge {m['merge_us']:.1f}, PDL off {m['merge_no_pdl_us']:.1f}, "
                   f"launches a rank {m['launches_per_rank']:.1f}; rank 0 alone: pack {m['pack_us']:.1f}, "
