@@ -165,8 +165,9 @@ def without_pdl(workspaces=()):
             ws.pdl = pdl
 
 
-def kernel_times(fn, iters: int = 20) -> dict[str, float]:
-    """Device microseconds per kernel name for one call of ``fn`` (torch.profiler)."""
+def _kernel_events(fn, iters: int):
+    """torch.profiler's device events of ``iters`` calls of ``fn`` (after
+    one more), averaged by name."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -175,21 +176,18 @@ def kernel_times(fn, iters: int = 20) -> dict[str, float]:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    return {e.key: e.self_device_time_total / iters for e in prof.key_averages() if e.self_device_time_total > 0}
+    return [e for e in prof.key_averages() if e.self_device_time_total > 0]
+
+
+def kernel_times(fn, iters: int = 20) -> dict[str, float]:
+    """Device microseconds per kernel name for one call of ``fn`` (torch.profiler)."""
+    return {e.key: e.self_device_time_total / iters for e in _kernel_events(fn, iters)}
 
 
 def kernel_launches(fn, iters: int = 4) -> float:
     """Kernels one call of ``fn`` launches on the GPU (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    return sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0
-               and not e.key.startswith(("Memcpy", "Memset"))) / iters
+    return sum(e.count for e in _kernel_events(fn, iters)
+               if e.device_type.name == "CUDA" and not e.key.startswith(("Memcpy", "Memset"))) / iters
 
 
 def graphed_over(fn, inputs: list) -> torch.cuda.CUDAGraph:
