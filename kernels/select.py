@@ -2,9 +2,10 @@
 
 Select: wait for every rank's round-1 row of this epoch, decode the W*N
 keys, find the K-th key (kappa) exactly, emit ids / owned rows in candidate
-order and store the saturation state (a saturated rank's list, its local
-top-K at or above kappa's score, is then built and pushed by
-``pack.select_local``, spread over the row).
+order and store the saturation state. A saturated rank's list, its local
+top-K at or above kappa's score, is built and pushed by the select itself
+on rows of at most ``pack.SHORT_ROWS`` tokens (``pack.pushed_list``), else
+afterwards by ``pack.select_local``, spread over the row.
 Rescue: rows with an empty mask cost one load; the others wait for the
 saturated ranks' lists and select again over {unsaturated words >= kappa}
 U {pushed lists}, starting from the keys that the select kept. Both emit
