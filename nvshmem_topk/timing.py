@@ -191,17 +191,17 @@ def kernel_launches(fn, iters: int = 4) -> float:
 
 
 def graphed_over(fn, inputs: list) -> torch.cuda.CUDAGraph:
-    """One graph of ``fn(x)`` for each x of ``inputs`` in turn (calls over
-    distinct inputs, so that only the first call's reads miss L2 by design
-    and the others' by size)."""
+    """One graph of ``len(inputs)`` calls, ``fn(x)`` for each x of
+    ``inputs`` in turn: calls over distinct inputs, so that no call reads
+    what the one before it left in L2."""
     calls = itertools.cycle(inputs)
     return graphed(lambda: fn(next(calls)), len(inputs))
 
 
 def merge_breakdown(copies: list[torch.Tensor], row_ends: torch.Tensor, topk: int, reps: int,
                     interleave: int = 1, stages: bool = True) -> dict:
-    """The simulated merge of ``copies`` (each [W, T, S], one a call of a
-    graph; their row ends [W, T]) and its stages on rank 0, each timed alone
+    """The simulated merge of ``copies`` (each [W, T, S], one for each call
+    of a graph; their row ends [W, T]) and its stages on rank 0, each timed alone
     (``median_us`` of graphs over the copies, L2 flushed): µs of one call of
     the merge (divide by W for a rank's), the merge with PDL off, the kernel
     launches of a merge per rank, and rank 0's pack (with its push), the

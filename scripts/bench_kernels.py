@@ -30,7 +30,6 @@ Bytes: one pass over bf16 logits reads 2*T*S bytes; the pack reads them once
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 
 import torch
@@ -41,7 +40,8 @@ from nvshmem_topk import reference
 from nvshmem_topk.baseline import generic_merge_compute
 from nvshmem_topk.format import num_planes, packed_row_words
 from nvshmem_topk.testing import SCORE_FAMILIES, family_scores, shard
-from nvshmem_topk.timing import SimulatedMerge, graphed, kernel_times, median_us, merge_breakdown, without_pdl
+from nvshmem_topk.timing import (SimulatedMerge, graphed, graphed_over, kernel_times, median_us, merge_breakdown,
+                                 without_pdl)
 
 CALLS = 10
 REPS = 200
@@ -53,11 +53,6 @@ def bench(fn, calls: int = 1) -> float:
     """Median microseconds of one of the ``calls`` calls that ``fn`` makes
     (L2 flushed before each run)."""
     return median_us(fn, torch.device("cuda"), REPS, calls=calls, flush_l2=True)
-
-
-def graphed_calls(fn, inputs) -> torch.cuda.CUDAGraph:
-    calls = itertools.cycle(inputs)
-    return graphed(lambda: fn(next(calls)), len(inputs))
 
 
 def bench_pack(rows, width, family, gen, n=384, per_kernel=False, copies=None, max_local_len=131072,
@@ -74,8 +69,8 @@ def bench_pack(rows, width, family, gen, n=384, per_kernel=False, copies=None, m
         nt.dcp_topk_pack(copies[i], ends, local_topk=n, max_local_len=max_local_len, out=outs[i], impl="triton",
                          pdl=pdl, score_dtype=score_dtype)
 
-    t_pack = bench(graphed_calls(pack, range(CALLS)).replay, CALLS)
-    t_topk = bench(graphed_calls(lambda i: copies[i].topk(n, dim=1), range(CALLS)).replay, CALLS)
+    t_pack = bench(graphed_over(pack, range(CALLS)).replay, CALLS)
+    t_topk = bench(graphed_over(lambda i: copies[i].topk(n, dim=1), range(CALLS)).replay, CALLS)
     exact = all(torch.equal(outs[i], reference.pack(copies[i], ends, n, max_local_len, score_bits=score_bits))
                 for i in range(CALLS))
     result = dict(T=rows, S=width, N=n, family=family, pack_us=t_pack, torch_topk_us=t_topk, exact=exact,
@@ -83,7 +78,7 @@ def bench_pack(rows, width, family, gen, n=384, per_kernel=False, copies=None, m
     if per_kernel:  # without PDL a kernel's profile does not cover its prior's
         PROFILES.append((result, "kernels_us", lambda: {
             name.split("_kernel")[0]: us / CALLS
-            for name, us in kernel_times(graphed_calls(lambda i: pack(i, pdl=False), range(CALLS)).replay).items()}))
+            for name, us in kernel_times(graphed_over(lambda i: pack(i, pdl=False), range(CALLS)).replay).items()}))
     return result
 
 
@@ -235,7 +230,7 @@ def bench_decode(families, row_counts, gen, results, save) -> None:
             if family == "normal":
                 single = [family_scores(family, rows, width, gen, dev)[None] for _ in range(CALLS)]
                 entry["merge_w1"] = merge_breakdown(single, ends[:1], k, REPS)
-                entry["generic_by_rank_us"] = bench(graphed_calls(
+                entry["generic_by_rank_us"] = bench(graphed_over(
                     lambda x: generic_merge_compute(x, k, rank_by_rank=True), copies).replay, CALLS)
             results["decode"].append(entry)
             save()
