@@ -9,7 +9,9 @@ of 20 launches (nvshmem_topk.timing.median_us), 8 programs (one an SM).
 
 Steps: sum, max and cumsum of a 1-D tensor; tl.histogram of 16 to 256
 bins; three sums in one tl.reduce of a tuple, and three counts as fields
-of one int64 sum; tl.gather from 32 values; a dependent global load."""
+of one int64 sum; tl.gather from 32 values; a dependent global load; a meet of the
+programs (each adds itself to a counter, then polls it until all have:
+the step between the passes of a row split over programs)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from nvshmem_topk.timing import graphed, median_us
 
 REPS = 16
 PROGRAMS = 8
+MAX_SPINS = tl.constexpr(1 << 20)  # a meet's bound: far more polls than any meet of resident programs takes
 
 
 @triton.jit
@@ -106,16 +109,37 @@ def load_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
     tl.store(out_ptr + tl.program_id(0), tl.sum(index, axis=0))
 
 
+@triton.jit
+def meet_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
+    """REPS meets of the PROGRAMS programs at a counter (``out_ptr``'s last
+    word, zero at launch and left zero): the programs wait for one another,
+    one atomic round trip to arrive and at least one to see the last
+    arrival. The grid is one program an SM: all are resident, so no wait
+    outlasts the others' arrivals, and each is bounded all the same."""
+    counter = out_ptr + tl.num_programs(0)
+    for rep in tl.static_range(REPS):
+        tl.debug_barrier()
+        seen = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") + 1
+        spins = 0
+        while (seen < (rep + 1) * tl.num_programs(0)) & (spins < MAX_SPINS):
+            seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+            spins += 1
+    tl.debug_barrier()
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == (REPS + 1) * tl.num_programs(0) - 1:
+        tl.store(counter, 0)  # the last to leave: every program has stopped polling
+
+
 STEPS = {"sum": (sum_kernel, {}), "max": (max_kernel, {}), "cumsum": (cumsum_kernel, {}),
          **{f"histogram {bins}": (histogram_kernel, dict(BINS=bins)) for bins in (16, 32, 64, 256)},
          "3 sums, one tl.reduce": (tuple_sum_kernel, {}), "3 counts, one int64 sum": (field_sum_kernel, {}),
-         "gather (32 values)": (gather_kernel, {}), "dependent load": (load_kernel, {})}
+         "gather (32 values)": (gather_kernel, {}), "dependent load": (load_kernel, {}),
+         f"meet of {PROGRAMS} programs": (meet_kernel, {})}
 
 
 def main() -> None:
     dev = torch.device("cuda")
     x = torch.randint(0, 1 << 16, (PROGRAMS * 8192 * 64,), dtype=torch.int32, device=dev)
-    out = torch.zeros(PROGRAMS, dtype=torch.int32, device=dev)
+    out = torch.zeros(PROGRAMS + 1, dtype=torch.int32, device=dev)  # the meet's counter last
     print(f"# ns a step, one program of W warps over ROOM int32 ({PROGRAMS} programs, {REPS} chained steps)")
     print(f"{'step':26s}" + "".join(f"  W={w} ROOM={r:<5d}" for w in (4, 8) for r in (1024, 4096)))
     for name, (kernel, constexprs) in STEPS.items():
