@@ -115,8 +115,10 @@ def meet_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
     word, zero at launch and left zero): the programs wait for one another,
     one atomic round trip to arrive and at least one to see the last
     arrival. The grid is one program an SM: all are resident, so no wait
-    outlasts the others' arrivals, and each is bounded all the same."""
+    outlasts the others' arrivals; each is bounded all the same, and a
+    program writes how many of its waits expired (``main`` fails on any)."""
     counter = out_ptr + tl.num_programs(0)
+    expired = tl.zeros((), dtype=tl.int32)
     for rep in tl.static_range(REPS):
         tl.debug_barrier()
         seen = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") + 1
@@ -124,6 +126,8 @@ def meet_kernel(out_ptr, x_ptr, REPS: tl.constexpr, ROOM: tl.constexpr):
         while (seen < (rep + 1) * tl.num_programs(0)) & (spins < MAX_SPINS):
             seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
             spins += 1
+        expired += (seen < (rep + 1) * tl.num_programs(0)).to(tl.int32)
+    tl.store(out_ptr + tl.program_id(0), expired)
     tl.debug_barrier()
     if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == (REPS + 1) * tl.num_programs(0) - 1:
         tl.store(counter, 0)  # the last to leave: every program has stopped polling
@@ -149,6 +153,8 @@ def main() -> None:
                 def run(reps):
                     return kernel[(PROGRAMS,)](out, x, REPS=reps, ROOM=room, num_warps=warps, **constexprs)
                 times = [median_us(graphed(lambda: run(reps), 20).replay, dev, 50, calls=20) for reps in (0, REPS)]
+                if kernel is meet_kernel and out[:PROGRAMS].any():
+                    raise RuntimeError(f"a meet's wait expired ({out[:PROGRAMS].tolist()} a program)")
                 costs.append((times[1] - times[0]) / REPS * 1000)
         print(f"{name:26s}" + "".join(f"  {c:15.0f}" for c in costs), flush=True)
 
