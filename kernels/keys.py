@@ -180,31 +180,83 @@ def radix_boundary(hist, need):
 
 
 TIE_TILE = tl.constexpr(256)
-NEAR_BINS = tl.constexpr(128)  # the select's near histograms: a bin a level of two scores
+NEAR_BINS = tl.constexpr(128)  # the select's distances below the top: a level is two scores
 
 
 @triton.jit
 def near_bin(top, level, BINS: tl.constexpr):
     """Bin of a level in a near histogram of BINS bins, by how far it lies
     below ``top``: BINS - 1 - distance, bin 0 for BINS - 1 levels or more
-    (levels above ``top`` count as at it). A top-K of bf16 scores rarely
-    spans many steps (NEAR_BINS covers 254), and a histogram's cost grows
-    with its bins."""
+    (levels above ``top`` count as at it): the estimate's histograms, whose
+    cost grows with their bins."""
     distance = tl.minimum(tl.maximum(top - level, 0), BINS - 1)
     return -(distance - (BINS - 1))  # tensor - constexpr: the interpreter keeps a tensor
 
 
 @triton.jit
+def _nearer_than(pairs, distance):
+    """How many of the 16-bit fields of ``pairs`` (two to an int32, each at
+    most 0x8000) are below ``distance``: field + 0x8000 - distance sets the
+    field's top bit iff field >= distance, and never carries out of it."""
+    at_least = tl.sum(((pairs + (0x8000 - distance) * 0x10001) >> 15) & 0x10001, axis=0)
+    return pairs.numel * 2 - (at_least & 0xFFFF) - (at_least >> 16)
+
+
+@triton.jit
+def distance_boundary(distance, need, BINS: tl.constexpr):
+    """(d, above, at_d) of the present elements of ``distance`` (1-D int32:
+    how far each lies below the top, in [0, BINS), BINS for absent ones;
+    BINS a power of 2): the least d with at least ``need`` of them at
+    distance <= d, BINS when fewer are present; how many lie nearer than d
+    (every present one when fewer); how many at d (0 when fewer). One count
+    a bit, from the top, of two 16-bit fields to an int32 reduction, as
+    ``rows.bisected_threshold`` counts: log2(BINS) block-wide sums, where a
+    histogram of BINS bins and its scan cost several times as much."""
+    halves = tl.reshape(distance, (distance.numel // 2, 2), can_reorder=True)  # counts need no order
+    even, odd = tl.split(halves)
+    pairs = even | (odd << 16)
+    d = tl.zeros((), dtype=tl.int32)  # the largest distance with fewer than need nearer
+    above = tl.zeros((), dtype=tl.int32)
+    reach = tl.zeros((), dtype=tl.int32)  # nearer than d + 1: the count of the last bit that failed
+    for bit in tl.static_range(log2(BINS) - 1, -1, -1):
+        candidate = d | (1 << bit)
+        nearer = _nearer_than(pairs, candidate)
+        if nearer < need:
+            d = candidate
+            above = nearer
+        else:
+            reach = nearer
+    if d == BINS - 1:  # no bit failed: d + 1 is BINS, every present element
+        reach = _nearer_than(pairs, BINS)
+        if reach < need:
+            d = BINS
+            above = reach
+    return d, above, tl.where(d == BINS, 0, reach - above)
+
+
+LEVELS = tl.constexpr(1 << 15)  # a key's level: its score without the lowest bit
+
+
+@triton.jit
 def near_boundary(level, present, need):
-    """(boundary level, bucket, above, in_bucket) of the ``need``-th largest
-    of the present ``level``s, from one histogram of how far each lies below
-    the top one (``near_bin``): ``radix_boundary``'s bucket, above and count
-    in it, and the level that bucket stands for (meaningful for a bucket
-    above 0: bin 0 gathers every level NEAR_BINS - 1 or more below the top)."""
+    """(boundary level, fewer, above, in_bucket): the level of the
+    ``need``-th largest of the present ``level``s, whether fewer than need
+    are present, how many lie above that level (every present one when
+    fewer) and how many at it. From counts of how far each lies below the
+    top one (``distance_boundary``): up to NEAR_BINS - 1 first, the last
+    gathering every level further down, since a top-K of bf16 scores
+    rarely spans 254 steps; where it does (heavy tails, zeros under a few
+    positives), the distances past that decide."""
     top = tl.max(tl.where(present, level, 0), axis=0)
-    hist = tl.histogram(near_bin(top, level, NEAR_BINS), NEAR_BINS, mask=present)
-    bucket, above, in_bucket = radix_boundary(hist, need)
-    return top - (NEAR_BINS - 1) + bucket, bucket, above, in_bucket
+    distance = top - level
+    d, above, in_bucket = distance_boundary(tl.where(present, tl.minimum(distance, NEAR_BINS - 1), NEAR_BINS), need,
+                                            NEAR_BINS)
+    fewer = d == NEAR_BINS
+    if d == NEAR_BINS - 1:  # fewer than need are nearer: the far distance is at least 1
+        far = tl.where(present, tl.maximum(distance - (NEAR_BINS - 2), 0), LEVELS)
+        d, above, in_bucket = distance_boundary(far, need, LEVELS)
+        d += NEAR_BINS - 2
+    return top - d, fewer, above, in_bucket
 
 
 # Radix digits. tl.histogram takes a warp ballot per bit of the bin and then
@@ -250,25 +302,24 @@ def _gid_select(flat, present, prefix, need, fixed, DIGIT: tl.constexpr, BINS: t
     return tl.where(found != 0, found, prefix)
 
 
-ANCHOR_BINS = tl.constexpr(32)  # the rescue's levels above kappa's: a histogram's cost grows with its bins
+ANCHOR_BINS = tl.constexpr(32)  # the rescue's levels above kappa's
 
 
 @triton.jit
 def _anchored_boundary(level, present, need, lowest):
-    """``near_boundary``'s (boundary level, known, fewer, above, in_bucket) when
-    every present ``level`` is at least ``lowest``: one histogram of how far
-    each lies above it, ANCHOR_BINS of them, the last gathering the rest; the
-    boundary is known unless it falls there, and then the histogram below the
-    top level decides, as it does without an anchor."""
-    hist = tl.histogram(tl.minimum(tl.maximum(level - lowest, 0), ANCHOR_BINS - 1), ANCHOR_BINS, mask=present)
-    bucket, above, in_bucket = radix_boundary(hist, need)
-    boundary = lowest + bucket
-    fewer = bucket < 0
-    known = ~fewer
-    if bucket == ANCHOR_BINS - 1:
-        boundary, bucket, above, in_bucket = near_boundary(level, present, need)
-        known = bucket > 0
-    return boundary, known, fewer, above, in_bucket
+    """``near_boundary`` when every present ``level`` is at least
+    ``lowest``: counts of how far each lies above it, ANCHOR_BINS distances
+    from the top one, which gathers the rest; where the boundary falls
+    there, the distances below the top level decide, as they do without an
+    anchor."""
+    steps = tl.minimum(tl.maximum(level - lowest, 0), ANCHOR_BINS - 1)
+    d, above, in_bucket = distance_boundary(tl.where(present, ANCHOR_BINS - 1 - steps, ANCHOR_BINS), need,
+                                            ANCHOR_BINS)
+    boundary = lowest + ANCHOR_BINS - 1 - d
+    fewer = d == ANCHOR_BINS
+    if d == 0:
+        boundary, fewer, above, in_bucket = near_boundary(level, present, need)
+    return boundary, fewer, above, in_bucket
 
 
 @triton.jit
@@ -278,16 +329,13 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr, lowest=None):
     ord16 score (or an ord32's top half), or 0 when fewer than k are
     non-zero; and how many keys are selected by it (k, or every non-zero key
     when fewer), which the emit would otherwise count with a block-wide sum.
-    First one histogram of how far each key's level (its score without the
-    lowest bit) lies below the top level (bin
-    NEAR_BINS - 1 - distance; bin 0 for NEAR_BINS - 1 or more): the top-K of
-    bf16 scores rarely spans 254 steps, so that fixes the k-th key's level, and
-    a histogram's cost grows with its bins. Given ``lowest``, a level every key
-    reaches (the rescue's: kappa's), the histogram counts levels above it
-    instead (``_anchored_boundary``), with fewer bins and no maximum first.
-    Then a radix select over the lower bits (the score's last bit and the gid)
-    among the keys of that level; over all bits when the boundary fell in bin
-    0. A histogram costs as much for a masked slot as for any other, so when at
+    First counts of how far each key's level (its score without the lowest
+    bit) lies below the top level (``near_boundary``) fix the k-th key's
+    level. Given ``lowest``, a level every key reaches (the rescue's:
+    kappa's), the counts are of levels above it instead
+    (``_anchored_boundary``), fewer of them and no maximum first. Then a
+    radix select over the lower bits (the score's last bit and the gid)
+    among the keys of that level. A histogram costs as much for a masked slot as for any other, so when at
     most TIE_TILE keys share the k-th level they are first compacted through
     ``tie_ptr`` (TIE_TILE int64 of scratch) and the radix runs over those
     alone."""
@@ -296,19 +344,17 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr, lowest=None):
     present = flat != 0
     level = (flat >> level_shift).to(tl.int32)
     if lowest is None:
-        boundary, bucket, above, bucket_count = near_boundary(level, present, k)
-        fewer = bucket < 0
-        known = bucket > 0
+        boundary, fewer, above, bucket_count = near_boundary(level, present, k)
     else:
-        boundary, known, fewer, above, bucket_count = _anchored_boundary(level, present, k, lowest)
+        boundary, fewer, above, bucket_count = _anchored_boundary(level, present, k, lowest)
     prefix = boundary.to(tl.int64) << level_shift
     need = k - above
-    selected = tl.where(fewer, above, k)  # no bin reaches k: above counts every key
-    if fewer:  # fewer than k keys
+    selected = tl.where(fewer, above, k)  # fewer than k: above counts every key
+    if fewer:
         kth = tl.zeros((), dtype=tl.int64)
-    elif known & (need == bucket_count):  # every key of the k-th level is taken
+    elif need == bucket_count:  # every key of the k-th level is taken
         kth = tl.min(tl.where(present & (level == boundary), flat, 0x7FFFFFFFFFFFFFFF), axis=0)
-    elif known & (bucket_count <= TIE_TILE):
+    elif bucket_count <= TIE_TILE:
         tie = (keys != 0) & ((keys >> level_shift) == boundary)
         tl.store(tie_ptr + flat_positions(tie.to(tl.int32)), keys, mask=tie)
         tl.debug_barrier()  # the block's stores are seen by all its threads
@@ -316,9 +362,8 @@ def kth_largest(keys, k, KEY_BITS: tl.constexpr, tie_ptr, lowest=None):
         ties = tl.load(tie_ptr + slot, mask=slot < bucket_count, other=0)
         kth = _gid_select(ties, ties != 0, prefix, need, tl.full((), level_shift, tl.int32), TIE_DIGIT,
                           TIE_BINS)
-    else:  # over all the keys: from the key's top bit when the boundary is not known
-        kth = _gid_select(flat, present, tl.where(known, prefix, 0), tl.where(known, need, k),
-                          tl.where(known, level_shift, KEY_BITS), WIDE_DIGIT, WIDE_BINS)
+    else:
+        kth = _gid_select(flat, present, prefix, need, tl.full((), level_shift, tl.int32), WIDE_DIGIT, WIDE_BINS)
     return kth, selected
 
 
@@ -338,6 +383,12 @@ def flat_positions(flags):
     the rows each cross the warps (three block-wide steps, not one)."""
     flat = tl.reshape(flags, (flags.shape[0] * flags.shape[1],))
     return tl.reshape(tl.cumsum(flat, axis=0), (flags.shape[0], flags.shape[1])) - flags
+
+
+@triton.constexpr_function
+def log2(n):
+    """log2 of a power of 2, in kernels."""
+    return n.bit_length() - 1
 
 
 @triton.constexpr_function

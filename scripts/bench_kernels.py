@@ -10,7 +10,7 @@ without PDL) is taken after every timing, so that no timing follows a
 profile (one graph has timed 2 µs faster after a profile than before it).
 
     python scripts/bench_kernels.py --out results.json [--families normal smooth] [--skip-merge] [--fp32]
-    python scripts/bench_kernels.py --rows 1 4 16 64 --out decode.json [--families ...]
+    python scripts/bench_kernels.py --rows 1 4 16 64 --out decode.json [--families ...] [--skip-pack]
 
 ``--rows`` measures decode batch sizes instead: per T, the pack at
 [T, 16384] and [T, 131072] and the simulated merge W = 8, S = 16384 over the
@@ -158,7 +158,7 @@ def main() -> None:
     shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes]
     if args.rows:
         results["decode"] = []
-        bench_decode(families, args.rows, gen, results, save)
+        bench_decode(families, args.rows, () if args.skip_pack else DECODE_WIDTHS, gen, results, save)
     elif args.fp32:
         bench_fp32(families, () if args.skip_pack else shapes, () if args.skip_merge else args.interleaves, gen,
                    results, save)
@@ -211,17 +211,17 @@ def bench_bf16(families, args, shapes, gen, results, save) -> None:
 DECODE_WIDTHS = (16384, 131072)  # the pack's; the merge's shard is 16384 tokens (a 128K context over 8 ranks)
 
 
-def bench_decode(families, row_counts, gen, results, save) -> None:
-    """Per T: the pack beside torch.topk at DECODE_WIDTHS and the simulated
+def bench_decode(families, row_counts, widths, gen, results, save) -> None:
+    """Per T: the pack beside torch.topk at ``widths`` and the simulated
     merge W = 8, K = 2048, S = 16384 over ``families``; on normal scores the
     merge's stages, launches and PDL off, the merge W = 1, and the generic
     merge run rank by rank on the same inputs."""
     world, width, k, dev = 8, 16384, 2048, torch.device("cuda")
     for rows in row_counts:
-        print(f"T = {rows}   family  " + "  ".join(f"pack[{rows},{w}]" for w in DECODE_WIDTHS)
+        print(f"T = {rows}   family  " + "  ".join(f"pack[{rows},{w}]" for w in widths)
               + f"  merge W={world} S={width}  (torch.topk at each width)")
         for family in families:
-            packs = [bench_pack(rows, w, family, gen) for w in DECODE_WIDTHS]
+            packs = [bench_pack(rows, w, family, gen) for w in widths]
             copies = [merge_inputs(family, world, rows, width, 1, gen) for _ in range(CALLS)]
             ends = torch.full((world, rows), width, dtype=torch.int32, device=dev)
             merge = merge_breakdown(copies, ends, k, REPS, stages=family == "normal")

@@ -4,7 +4,7 @@
 import triton
 import triton.language as tl
 
-from nvshmem_topk.kernels.keys import TIE_TILE, kth_largest, radix_boundary
+from nvshmem_topk.kernels.keys import TIE_TILE, distance_boundary, kth_largest, radix_boundary
 from nvshmem_topk.kernels.rows import bisected_threshold, load_tokens, trim_list
 from nvshmem_topk.kernels.filter import _block_pairs, _filter_block, _filter_pairs, _score_floor
 from nvshmem_topk.kernels.spread import block_tokens
@@ -20,6 +20,18 @@ def radix_boundary_kernel(out_ptr, hist_ptr, need_ptr):
     tl.store(out_ptr + case * 3, bucket)
     tl.store(out_ptr + case * 3 + 1, above)
     tl.store(out_ptr + case * 3 + 2, in_bucket)
+
+
+@triton.jit
+def distance_boundary_kernel(out_ptr, distance_ptr, need_ptr, TILE: tl.constexpr, BINS: tl.constexpr):
+    """Per program: distance_boundary of distance_ptr[case] ([TILE] int32)
+    for need_ptr[case], as three int32 at out_ptr[case]."""
+    case = tl.program_id(0).to(tl.int64)
+    distance = tl.load(distance_ptr + case * TILE + tl.arange(0, TILE))
+    d, above, at_d = distance_boundary(distance, tl.load(need_ptr + case), BINS)
+    tl.store(out_ptr + case * 3, d)
+    tl.store(out_ptr + case * 3 + 1, above)
+    tl.store(out_ptr + case * 3 + 2, at_d)
 
 
 @triton.jit

@@ -640,8 +640,36 @@ def test_bisected_threshold_is_the_need_th_largest_score(device):
 
 
 @needs_triton
+def test_distance_boundary_matches_a_histogram(device):
+    """keys.distance_boundary (a count a bit of two 16-bit fields to an
+    int32) against a histogram's scan: the least distance that reaches
+    need, the counts nearer and at it; need at every place of a row, at the
+    last distance (BINS - 1), past every present element (fewer), and rows
+    with no element present or all at one distance."""
+    from kernel_probes import distance_boundary_kernel
+
+    gen = torch.Generator().manual_seed(7)
+    tile = 256
+    for bins in (32, 128):
+        rows = [torch.randint(0, bins, (tile,), generator=gen),
+                torch.randint(bins - 3, bins + 1, (tile,), generator=gen),
+                torch.full((tile,), bins), torch.full((tile,), bins - 1), torch.zeros(tile, dtype=torch.int64)]
+        rows[0][torch.rand(tile, generator=gen) < 0.3] = bins  # absent
+        cases = [(row, need) for row in rows for need in (1, 2, 17, 100, 200, 255, 256, 257)]
+        distance = torch.stack([row for row, _ in cases]).to(torch.int32)
+        needs = torch.tensor([need for _, need in cases], dtype=torch.int32)
+        out = torch.empty(len(cases), 3, dtype=torch.int32, device=device)
+        distance_boundary_kernel[(len(cases),)](out, distance.to(device), needs.to(device), TILE=tile, BINS=bins)
+        for case, (row, need) in enumerate(cases):
+            hist = torch.bincount(row[row < bins], minlength=bins)
+            reach = hist.cumsum(0)
+            d = int((reach < need).sum())
+            want = [d, int(reach[d - 1]) if d else 0, int(hist[d])] if d < bins else [bins, int(reach[-1]), 0]
+            assert out[case].tolist() == want, (bins, case, need)
+
+
 def test_kth_largest_near_the_top_and_far_from_it(device):
-    """The select's k-th key (a histogram of the score's level below the top
+    """The select's k-th key (counts of the score's level below the top
     level, then the last score bit and the gid bits; the full radix from the top
     bit when the boundary is 127 or more levels down) against sorting: clustered
     and spread scores, keys at the boundary level (few enough to be compacted
