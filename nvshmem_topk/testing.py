@@ -7,6 +7,8 @@ caller (and every rank of a multi-process test) sees identical tensors."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import format as fmt
@@ -19,12 +21,10 @@ def _full_ends(world_size: int, rows: int, width: int) -> torch.Tensor:
 
 
 def indexer_like_logits(shape, generator: torch.Generator) -> torch.Tensor:
-    """bf16 scores shaped like an indexer's: a Gaussian bulk, about 1% strong
-    tokens, and the last 64 positions of each row raised (recent tokens)."""
-    x = torch.randn(shape, generator=generator) * 0.5
-    x = torch.where(torch.rand(shape, generator=generator) < 0.01, x + 4.0, x)
-    x[..., -64:] += 2.0
-    return x.bfloat16()
+    """bf16 scores of ``shape`` (rows along the last dimension) of the
+    ``indexer_like`` family, on the generator's device."""
+    rows = family_scores("indexer_like", math.prod(shape[:-1]), shape[-1], generator, generator.device)
+    return rows.view(shape)
 
 
 def special_value_case(world_size: int, rows: int, width: int, levels: int, seed: int):
@@ -93,8 +93,8 @@ def families(world_size: int, seed: int = 0, rows: int = 4, width: int = 512, to
 # What indexers produce, for benchmarks and tests: every stage's cost must
 # not depend on which of these the scores are (docs/design.md, "Speed").
 
-SCORE_FAMILIES = ("normal", "heavy_tailed", "smooth", "ramp", "few_levels", "all_equal", "sorted_ascending",
-                  "sorted_descending", "mostly_neg_inf", "mostly_zeros", "nan_mixed")
+SCORE_FAMILIES = ("normal", "indexer_like", "heavy_tailed", "smooth", "ramp", "few_levels", "all_equal",
+                  "sorted_ascending", "sorted_descending", "mostly_neg_inf", "mostly_zeros", "nan_mixed")
 
 
 def _smooth(rows: int, width: int, generator: torch.Generator, device) -> torch.Tensor:
@@ -123,6 +123,10 @@ def family_scores(name: str, rows: int, width: int, generator: torch.Generator, 
     position = torch.arange(width, device=device) / max(width, 1)
     if name == "normal":
         x = torch.randn(shape, **kw)
+    elif name == "indexer_like":  # a Gaussian bulk, ~1% strong tokens, the last 64 (recent) raised
+        x = torch.randn(shape, **kw) * 0.5
+        x = torch.where(torch.rand(shape, **kw) < 0.01, x + 4.0, x)
+        x[..., -64:] += 2.0
     elif name == "heavy_tailed":  # Cauchy
         x = torch.tan(torch.pi * (torch.rand(shape, **kw) - 0.5))
     elif name == "smooth":
