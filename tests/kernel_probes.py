@@ -4,7 +4,7 @@
 import triton
 import triton.language as tl
 
-from nvshmem_topk.kernels.keys import TIE_TILE, distance_boundary, kth_largest, radix_boundary
+from nvshmem_topk.kernels.keys import NEAR_BINS, TIE_TILE, distance_boundary, kth_largest, radix_boundary
 from nvshmem_topk.kernels.rows import bisected_threshold, load_tokens, trim_list
 from nvshmem_topk.kernels.filter import _block_pairs, _filter_block, _filter_pairs, _score_floor
 from nvshmem_topk.kernels.spread import block_tokens

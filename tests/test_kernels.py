@@ -669,17 +669,18 @@ def test_distance_boundary_matches_a_histogram(device):
 
 
 def test_kth_largest_near_the_top_and_far_from_it(device):
-    """The select's k-th key (counts of the score's level below the top
-    level, then the last score bit and the gid bits; the full radix from the top
-    bit when the boundary is 127 or more levels down) against sorting: clustered
-    and spread scores, keys at the boundary level (few enough to be compacted
-    into the tie tile, and too many, and a few in one bucket of the tie radix),
-    ties at zero under positives of many binades, fewer keys than k; and the
+    """The select's k-th key (counts of how far the score's level lies below
+    the top level, near it and past NEAR_BINS - 1 levels, then the last
+    score bit and the gid bits) against sorting: clustered and spread
+    scores, the boundary at the seam of the near counts and the far ones,
+    keys at the boundary level (few enough to be compacted into the tie
+    tile, and too many, and a few in one bucket of the tie radix), ties at
+    zero under positives of many binades, fewer keys than k; and the
     count of keys it selects (k, or every key when fewer), which the emit
     uses. The same anchored at a level every key reaches (the rescue's:
     kappa's), the lowest key's or two below it: the boundary in the anchored
     bins, and past them (then below the top level as before)."""
-    from kernel_probes import TIE_TILE, kth_largest_kernel
+    from kernel_probes import NEAR_BINS, TIE_TILE, kth_largest_kernel
 
     gen = torch.Generator().manual_seed(4)
     rows, cols, gid_bits = 2, 512, 12
@@ -699,6 +700,14 @@ def test_kth_largest_near_the_top_and_far_from_it(device):
     key = torch.zeros(rows * cols, dtype=torch.int64)
     key[torch.randperm(rows * cols, generator=gen)[: gid.numel()]] = (score << gid_bits) | ((1 << gid_bits) - 1 - gid)
     cases += [(key.view(rows, cols), k) for k in range(11, 16)]
+    # Three keys at each of the levels 0 and NEAR_BINS - 3 to NEAR_BINS below
+    # the top: the k-th on either side of the seam.
+    levels = torch.tensor([0] + list(range(NEAR_BINS - 3, NEAR_BINS + 1))).repeat_interleave(3)
+    gid = torch.randperm(1 << gid_bits, generator=gen)[: levels.numel()]
+    key = torch.zeros(rows * cols, dtype=torch.int64)
+    key[torch.randperm(rows * cols, generator=gen)[: gid.numel()]] = (
+        ((0xC000 - 2 * levels) << gid_bits) | ((1 << gid_bits) - 1 - gid))
+    cases += [(key.view(rows, cols), k) for k in range(1, levels.numel() + 2)]
     # ReLU-style: ties at zero far below positives of many binades
     score = torch.full((rows * cols,), 0x8000)
     score[: rows * cols // 4] += torch.randint(0x0400, 0x4000, (rows * cols // 4,), generator=gen)
