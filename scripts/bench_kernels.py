@@ -10,7 +10,7 @@ without PDL) is taken after every timing, so that no timing follows a
 profile (one graph has timed 2 µs faster after a profile than before it).
 
     python scripts/bench_kernels.py --out results.json [--families normal smooth] [--skip-merge] [--fp32]
-    python scripts/bench_kernels.py --rows 1 4 16 64 --out decode.json [--families ...] [--skip-pack]
+    python scripts/bench_kernels.py --rows 1 4 16 64 --out decode.json [--families ...] [--skip-pack | --widths ...]
 
 ``--rows`` measures decode batch sizes instead: per T, the pack at
 [T, 16384] and [T, 131072] and the simulated merge W = 8, S = 16384 over the
@@ -149,6 +149,8 @@ def main() -> None:
                         help="leave out the merges whose best scores all sit on rank 0")
     parser.add_argument("--fp32", action="store_true", help="exact fp32 order beside bf16 order, instead")
     parser.add_argument("--rows", nargs="+", type=int, help="decode batch sizes T, instead (see the docstring)")
+    parser.add_argument("--widths", nargs="+", type=int, default=DECODE_WIDTHS,
+                        help="with --rows: the pack's widths (default: 16384 and 131072)")
     args = parser.parse_args()
     results = {"gpu": torch.cuda.get_device_name(), "pack": [], "merge": []}
     save = lambda: json.dump(results, open(args.out, "w"), indent=1)
@@ -158,7 +160,7 @@ def main() -> None:
     shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes]
     if args.rows:
         results["decode"] = []
-        bench_decode(families, args.rows, () if args.skip_pack else DECODE_WIDTHS, gen, results, save)
+        bench_decode(families, args.rows, () if args.skip_pack else args.widths, gen, results, save)
     elif args.fp32:
         bench_fp32(families, () if args.skip_pack else shapes, () if args.skip_merge else args.interleaves, gen,
                    results, save)
