@@ -14,7 +14,7 @@ from . import pack
 from .keys import store_keys, write_outputs
 from .launch import Launch
 from .pack import ROW_WARPS, row_lines, row_scores, short_row
-from .rows import bisected_threshold, kept_of_row, row_window, token_ord16
+from .rows import kept_of_row, row_threshold, row_window, token_ord16
 from .select import OUTPUT_SIZES, output_args, rescue_keys
 from .sync import after_prior_kernel
 
@@ -35,7 +35,7 @@ def local_merge_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, 
     start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
     local, _ = row_lines(ROW, 16)
     score = tl.where((local >= start) & (local < end), token_ord16(x), 0)
-    threshold, above = bisected_threshold(score, TOPK, 0, 0xFFFF)
+    threshold, above = row_threshold(score, TOPK, 0)
     slot, keep, kept = kept_of_row(score, threshold, above, TOPK)
     if SORTED:
         keys = (score.to(tl.int64) << GID_BITS) | ((1 << GID_BITS) - 1 - local)  # format.key, the gid being local

@@ -6,7 +6,8 @@ the scores.
 
 A call at most SHORT_ROWS tokens wide (a 128K context over 8 ranks) takes
 one kernel, a program per row (``row_kernel``): the row in registers, its
-threshold from sixteen counts, one a bit, then one ordered compaction.
+threshold from counts, one a bit between its highest score and a count
+near it, then one ordered compaction.
 Scores in exact fp32 order (32-bit words) take it too, with sixteen counts
 more, on the boundary level's low halves.
 
@@ -28,9 +29,9 @@ from .finish import finish_kernel
 from .keys import (NO_SCORE32, folded32, is_nan_bits, low_halves, low_halves_at, ord16, packed_word, packed_words,
                    score_bits)
 from .launch import Launch
-from .rows import (above_and_ties32, any_width, bisected_threshold, bisected_threshold32, kept_of_row, kept_slots,
-                   line_positions, list_floor, list_slot, load_tokens, publish_row, row_target, row_window,
-                   token_ord16, word_score, zero_row_from)
+from .rows import (NEAR_SCORES, above_and_ties32, any_width, bisected_threshold32, kept_of_row, kept_slots,
+                   line_positions, list_floor, list_slot, load_tokens, publish_row, row_target, row_threshold,
+                   row_window, token_ord16, word_score, zero_row_from)
 from .sync import after_prior_kernel
 
 SHORT_ROWS = 16384  # calls this wide or narrower: a program a row (``row_kernel``); at most 2^14 (its scan)
@@ -94,8 +95,8 @@ def row_top_n(out_row, scores, start, end, floor, N: tl.constexpr, PLANES: tl.co
               SCORE_BITS: tl.constexpr):
     """The packed top-N of the valid tokens [start, end) of a short row
     (``scores``: as ``row_scores`` reads them) into ``out_row``: the row
-    held in registers, its threshold by ``bisected_threshold`` (the same
-    counts for any scores; 32-bit scores, ``bisected_threshold32``), then
+    held in registers, its threshold by ``rows.row_threshold`` (counts,
+    whatever the scores; 32-bit scores, ``bisected_threshold32``), then
     one scan in token order (``line_positions``) of ``above_and_ties``
     places the kept ones; the rest of the packed row is zeroed (no id
     reaches 2^16: every plane bit is 0). 32-bit scores are held as two
@@ -123,9 +124,9 @@ def _row_top_n16(out_row, x, inside, local, floor, N: tl.constexpr, PLANES: tl.c
         above = tl.sum(tl.sum((score != 0).to(tl.int32), axis=1), axis=0)
         threshold = tl.zeros((), dtype=tl.int32)  # every valid token is above it
         if above > N:
-            threshold, above = bisected_threshold(score, N, floor, 0xFFFF)
+            threshold, above = row_threshold(score, N, floor)
     else:
-        threshold, above = bisected_threshold(score, N, 0, 0xFFFF)
+        threshold, above = row_threshold(score, N, 0)
     slot, keep, kept = kept_of_row(score, threshold, above, N)
     tl.store(out_row + slot, packed_word(score, local), mask=keep)
     zero_row_from(out_row, kept, packed_words(N, PLANES, 16), 1024)
@@ -147,9 +148,9 @@ def _row_top_n32(out_row, xs, insides, local, floor, N: tl.constexpr, PLANES: tl
                        axis=0)
         threshold = tl.full((), NO_SCORE32, tl.int32)  # every valid token is above it
         if above > N:
-            threshold, above = bisected_threshold32(order, order2, N, folded)
+            threshold, above = _row_threshold32(order, order2, N, folded)
     else:
-        threshold, above = bisected_threshold32(order, order2, N, NO_SCORE32)
+        threshold, above = _row_threshold32(order, order2, N, NO_SCORE32)
     found = (threshold != NO_SCORE32).to(tl.int32)
     counts = above_and_ties32(order, threshold)
     first = tl.sum(tl.sum(counts, axis=1), axis=0)  # both fields, the first part's: where the second's start
@@ -159,6 +160,14 @@ def _row_top_n32(out_row, xs, insides, local, floor, N: tl.constexpr, PLANES: tl
                          PLANES)
     zero_row_from(out_row, kept, low_halves_at(N, PLANES), 1024)
     zero_row_from(low_halves(out_row, N, PLANES), kept, N, 1024)
+
+
+@triton.jit
+def _row_threshold32(order, order2, need, lowest):
+    """``rows.row_threshold`` of a row of 32-bit scores (two parts): the
+    near count on the top halves, below the highest."""
+    highest = word_score(tl.maximum(tl.max(order), tl.max(order2)), 32)
+    return bisected_threshold32(order, order2, need, lowest, highest, NEAR_SCORES)
 
 
 @triton.jit

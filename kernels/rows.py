@@ -155,8 +155,22 @@ def _least_and_count(least, count, least_2, count_2):
     return low, tl.where(least == low, count, 0) + tl.where(least_2 == low, count_2, 0)
 
 
+NEAR_SCORES = tl.constexpr(511)  # the near count's reach below the highest score: the top 9 bits are then bounds
+
+
 @triton.jit
-def bisected_threshold(score, need, lowest, highest, DISTINCT: tl.constexpr = False):
+def _pairs_reaching(pairs, candidate):
+    """How many of the scores held two levels to an int32 (``pairs``) are at
+    or above the even ord16 ``candidate``: level + 0x8000 - candidate / 2
+    sets a 16-bit field's top bit iff level >= candidate / 2, and never
+    carries out of it."""
+    reached = ((pairs + (0x8000 - (candidate >> 1)) * 0x10001) >> 15) & 0x10001  # bit 31 lands on 16
+    fields = tl.sum(reached, axis=0)  # each field at most ROW / 2
+    return (fields & 0xFFFF) + (fields >> 16)
+
+
+@triton.jit
+def bisected_threshold(score, need, lowest, highest, DISTINCT: tl.constexpr = False, NEAR: tl.constexpr = 0):
     """(t, above): the largest ord16 t with at least ``need`` of the ``score``s
     (any shape, 0 for invalid tokens) >= t, 0 when fewer are valid; and how
     many are above t, the count of the last bit that failed (its candidate
@@ -175,7 +189,13 @@ def bisected_threshold(score, need, lowest, highest, DISTINCT: tl.constexpr = Fa
     candidate, t is the least of them, and one reduction (the least and how
     many hold it) ends the search; such scores part there after a few bits.
     Tied scores (bf16's) seldom part exactly: the check would cost them
-    more than it saves."""
+    more than it saves. NEAR (``highest`` then the scores' highest): one
+    count first, at the even score at most NEAR below ``highest``; where
+    ``need`` reach it, it is the new ``lowest``, else ``highest`` is just
+    below it (the count: how many are above that), so that the bits the
+    bounds give go uncounted: with NEAR = 511, eleven counts more at most
+    (the ten bits below 2^10 and one above) where the ``need`` best lie
+    that near the top, as they do on most rows."""
     level = tl.reshape(score >> 1, (score.numel // 2, 2), can_reorder=True)  # counts need no order
     even, odd = tl.split(level)
     pairs = even | (odd << 16)
@@ -183,6 +203,17 @@ def bisected_threshold(score, need, lowest, highest, DISTINCT: tl.constexpr = Fa
     threshold = tl.zeros((), dtype=tl.int32)
     above = tl.zeros((), dtype=tl.int32)  # no bit failed: none is above t
     parted = tl.zeros((), dtype=tl.int32)  # 1: exactly need scores reach ``threshold``
+    above_highest = tl.zeros((), dtype=tl.int32)  # how many scores are above ``highest``
+    if NEAR > 0:
+        lowest, highest = lowest + threshold, highest + threshold  # int32 tensors: the count may move either
+        near = tl.maximum(highest - NEAR, 0) & ~1
+        if near > lowest:
+            reached = _pairs_reaching(pairs, near)
+            if reached >= need:
+                lowest = near
+            else:
+                highest = near - 1
+                above_highest = reached
     for bit in tl.static_range(15, -1, -1):
         if parted == 0:
             candidate = threshold | (1 << bit)
@@ -190,9 +221,7 @@ def bisected_threshold(score, need, lowest, highest, DISTINCT: tl.constexpr = Fa
                 threshold = candidate
             elif candidate <= highest:
                 if bit > 0:
-                    reached = ((pairs + (0x8000 - (candidate >> 1)) * 0x10001) >> 15) & 0x10001  # bit 31 lands on 16
-                    fields = tl.sum(reached, axis=0)  # each field at most ROW / 2
-                    reached = (fields & 0xFFFF) + (fields >> 16)
+                    reached = _pairs_reaching(pairs, candidate)
                 else:
                     reached = tl.sum((score >= candidate).to(tl.int32), axis=0)
                 if reached >= need:
@@ -202,7 +231,10 @@ def bisected_threshold(score, need, lowest, highest, DISTINCT: tl.constexpr = Fa
                 else:
                     above = reached
             else:
-                above = tl.zeros((), dtype=tl.int32)
+                # No score reaches the candidate but those above the highest,
+                # and unless it is highest + 1 a later bit fails: t + 1 is
+                # the last failed candidate, and t <= highest.
+                above = above_highest
     if DISTINCT and parted != 0:
         reaching = score >= threshold
         threshold, ties = tl.reduce((tl.where(reaching, score, 0x10000), reaching.to(tl.int32)), 0,
@@ -212,7 +244,16 @@ def bisected_threshold(score, need, lowest, highest, DISTINCT: tl.constexpr = Fa
 
 
 @triton.jit
-def bisected_threshold32(order, order2, need, lowest, highest=0xFFFF):
+def row_threshold(score, need, lowest):
+    """``bisected_threshold`` of a whole row's ord16 ``score`` (any shape),
+    bounded by its highest score and the near count (NEAR_SCORES): one
+    reduction and one count that spare most rows five or more of the
+    sixteen counts."""
+    return bisected_threshold(score, need, lowest, tl.max(score), NEAR=NEAR_SCORES)
+
+
+@triton.jit
+def bisected_threshold32(order, order2, need, lowest, highest=0xFFFF, NEAR: tl.constexpr = 0):
     """``bisected_threshold`` of 32-bit scores (``keys.folded32``; NO_SCORE32
     for invalid tokens), held as two tensors of one shape: (t, above), the
     largest order t with at least ``need`` orders >= t (NO_SCORE32 when
@@ -220,10 +261,10 @@ def bisected_threshold32(order, order2, need, lowest, highest=0xFFFF):
     it. ``bisected_threshold``'s counts on the top halves (an ord16 each;
     ``lowest``: a folded order every valid token reaches, with at least
     ``need`` valid when it is above NO_SCORE32; ``highest``: an ord16 no
-    top half passes), then on the low halves of the tokens in the
-    boundary's top half."""
+    top half passes, with NEAR the highest top half), then on the low
+    halves of the tokens in the boundary's top half."""
     top = tl.join(word_score(order, 32), word_score(order2, 32))  # ord16 of the fp32 cut to bf16, 0 for NaN
-    top_t, above = bisected_threshold(top, need, word_score(lowest, 32), highest)
+    top_t, above = bisected_threshold(top, need, word_score(lowest, 32), highest, NEAR=NEAR)
     threshold = tl.full((), NO_SCORE32, tl.int32)
     if top_t != 0:
         # A low half of 0 is counted as if invalid, as a threshold of 0 needs.

@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from nvshmem_topk.kernels.keys import NEAR_BINS, TIE_TILE, distance_boundary, kth_largest, radix_boundary
-from nvshmem_topk.kernels.rows import bisected_threshold, load_tokens, trim_list
+from nvshmem_topk.kernels.rows import bisected_threshold, load_tokens, row_threshold, trim_list
 from nvshmem_topk.kernels.filter import _block_pairs, _filter_block, _filter_pairs, _score_floor
 from nvshmem_topk.kernels.spread import block_tokens
 
@@ -69,9 +69,10 @@ def filter_block_kernel(scratch_ptr, x_ptr, width, scratch_stride, REGION: tl.co
 def bisected_threshold_kernel(out_ptr, score_ptr, need_ptr, TILE: tl.constexpr):
     """Per program: ``bisected_threshold`` of score_ptr[case] (ord16 as
     int32, 0 for invalid tokens) for need_ptr[case], (threshold, above)
-    unbounded at out_ptr[8 * case] and, at out_ptr[8 * case + 2], bounded as
+    unbounded at out_ptr[10 * case] and, at out_ptr[10 * case + 2], bounded as
     the finish bounds its candidates (their lowest score when they hold
-    need, and their highest); the same with DISTINCT at out_ptr[8 * case + 4]."""
+    need, and their highest); the same with DISTINCT at out_ptr[10 * case +
+    4]; ``row_threshold``'s (the near count first) at out_ptr[10 * case + 8]."""
     case = tl.program_id(0).to(tl.int64)
     score = tl.load(score_ptr + case * TILE + tl.arange(0, TILE))
     need = tl.load(need_ptr + case)
@@ -83,8 +84,11 @@ def bisected_threshold_kernel(out_ptr, score_ptr, need_ptr, TILE: tl.constexpr):
                 threshold, above = bisected_threshold(score, need, lowest, tl.max(score, axis=0), distinct == 1)
             else:
                 threshold, above = bisected_threshold(score, need, 0, 0xFFFF, distinct == 1)
-            tl.store(out_ptr + 8 * case + 4 * distinct + 2 * bounded, threshold)
-            tl.store(out_ptr + 8 * case + 4 * distinct + 2 * bounded + 1, above)
+            tl.store(out_ptr + 10 * case + 4 * distinct + 2 * bounded, threshold)
+            tl.store(out_ptr + 10 * case + 4 * distinct + 2 * bounded + 1, above)
+    threshold, above = row_threshold(score, need, 0)
+    tl.store(out_ptr + 10 * case + 8, threshold)
+    tl.store(out_ptr + 10 * case + 9, above)
 
 
 @triton.jit

@@ -608,7 +608,9 @@ def test_bisected_threshold_is_the_need_th_largest_score(device):
     all-equal and two-level rows on both sides of an odd/even step, a narrow
     cluster, and needs past the valid count (0). Also with DISTINCT, whose
     search ends where a count parts exactly need scores (the spread rows
-    part there)."""
+    part there). And ``row_threshold``, whose near count 511 below the
+    highest score reaches need on some rows and not on others (its bound
+    then the highest), or lies below every score (the low scores)."""
     from kernel_probes import bisected_threshold_kernel
 
     from nvshmem_topk.kernels.keys import MIN_VALID
@@ -628,15 +630,19 @@ def test_bisected_threshold_is_the_need_th_largest_score(device):
         cases.append((two, need))
         cases.append((0xC000 + torch.randint(0, 4, (tile,), generator=gen), need))
         cases.append((0xBFF8 + torch.randint(0, 16, (tile,), generator=gen), need))  # across a carry of bits
+        cases.append((MIN_VALID.value + torch.randint(0, 300, (tile,), generator=gen), need))  # no near count
+        below_near = torch.full((tile,), 0xBFFF)  # the near count at 0xC000 finds one score: the top
+        below_near[0], below_near[1::2] = 0xC1FF, 0x9000
+        cases.append((below_near, need))
     scores = torch.stack([c[0] for c in cases]).to(torch.int32)
     needs = torch.tensor([c[1] for c in cases], dtype=torch.int32)
-    out = torch.empty((len(cases), 8), dtype=torch.int32, device=device)
+    out = torch.empty((len(cases), 10), dtype=torch.int32, device=device)
     bisected_threshold_kernel[(len(cases),)](out, scores.to(device), needs.to(device), TILE=tile)
     for case, (score, need) in enumerate(zip(scores, needs.tolist())):
         kept = score[score != 0].sort(descending=True).values
         want = int(kept[need - 1]) if kept.numel() >= need else 0
         above = int((score > want).sum()) if want else kept.numel()
-        assert out[case].tolist() == [want, above] * 4, (case, need)
+        assert out[case].tolist() == [want, above] * 5, (case, need)
 
 
 @needs_triton
