@@ -2,7 +2,8 @@
 asc), written as a packed row (candidates by ascending local id, empty slots
 last). The same kernels serve the pack (n = N, round 1) and a saturated
 rank's pushed list (n = K, after the select), and cost about the same whatever
-the scores.
+the scores (the short rows' a few counts less where the n best lie near the
+top).
 
 A call at most SHORT_ROWS tokens wide (a 128K context over 8 ranks) takes
 one kernel, a program per row (``row_kernel``): the row in registers, its
