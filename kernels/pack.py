@@ -2,8 +2,7 @@
 asc), written as a packed row (candidates by ascending local id, empty slots
 last). The same kernels serve the pack (n = N, round 1) and a saturated
 rank's pushed list (n = K, after the select), and cost about the same whatever
-the scores (the short rows' a few counts less where the n best lie near the
-top).
+the scores (short rows skip a few counts where their n best lie near the top).
 
 A call at most SHORT_ROWS tokens wide (a 128K context over 8 ranks) takes
 one kernel, a program per row (``row_kernel``): the row in registers, its
@@ -30,9 +29,9 @@ from .finish import finish_kernel
 from .keys import (NO_SCORE32, folded32, is_nan_bits, low_halves, low_halves_at, ord16, packed_word, packed_words,
                    score_bits)
 from .launch import Launch
-from .rows import (NEAR_SCORES, above_and_ties32, any_width, bisected_threshold32, kept_of_row, kept_slots,
-                   line_positions, list_floor, list_slot, load_tokens, publish_row, row_target, row_threshold,
-                   row_window, token_ord16, word_score, zero_row_from)
+from .rows import (above_and_ties32, any_width, kept_of_row, kept_slots, line_positions, list_floor, list_slot,
+                   load_tokens, publish_row, row_target, row_threshold, row_threshold32, row_window, token_ord16,
+                   word_score, zero_row_from)
 from .sync import after_prior_kernel
 
 SHORT_ROWS = 16384  # calls this wide or narrower: a program a row (``row_kernel``); at most 2^14 (its scan)
@@ -97,7 +96,7 @@ def row_top_n(out_row, scores, start, end, floor, N: tl.constexpr, PLANES: tl.co
     """The packed top-N of the valid tokens [start, end) of a short row
     (``scores``: as ``row_scores`` reads them) into ``out_row``: the row
     held in registers, its threshold by ``rows.row_threshold`` (counts,
-    whatever the scores; 32-bit scores, ``bisected_threshold32``), then
+    whatever the scores; 32-bit scores, ``rows.row_threshold32``), then
     one scan in token order (``line_positions``) of ``above_and_ties``
     places the kept ones; the rest of the packed row is zeroed (no id
     reaches 2^16: every plane bit is 0). 32-bit scores are held as two
@@ -149,9 +148,9 @@ def _row_top_n32(out_row, xs, insides, local, floor, N: tl.constexpr, PLANES: tl
                        axis=0)
         threshold = tl.full((), NO_SCORE32, tl.int32)  # every valid token is above it
         if above > N:
-            threshold, above = _row_threshold32(order, order2, N, folded)
+            threshold, above = row_threshold32(order, order2, N, folded)
     else:
-        threshold, above = _row_threshold32(order, order2, N, NO_SCORE32)
+        threshold, above = row_threshold32(order, order2, N, NO_SCORE32)
     found = (threshold != NO_SCORE32).to(tl.int32)
     counts = above_and_ties32(order, threshold)
     first = tl.sum(tl.sum(counts, axis=1), axis=0)  # both fields, the first part's: where the second's start
@@ -161,14 +160,6 @@ def _row_top_n32(out_row, xs, insides, local, floor, N: tl.constexpr, PLANES: tl
                          PLANES)
     zero_row_from(out_row, kept, low_halves_at(N, PLANES), 1024)
     zero_row_from(low_halves(out_row, N, PLANES), kept, N, 1024)
-
-
-@triton.jit
-def _row_threshold32(order, order2, need, lowest):
-    """``rows.row_threshold`` of a row of 32-bit scores (two parts): the
-    near count on the top halves, below the highest."""
-    highest = word_score(tl.maximum(tl.max(order), tl.max(order2)), 32)
-    return bisected_threshold32(order, order2, need, lowest, highest, NEAR_SCORES)
 
 
 @triton.jit

@@ -155,7 +155,7 @@ def _least_and_count(least, count, least_2, count_2):
     return low, tl.where(least == low, count, 0) + tl.where(least_2 == low, count_2, 0)
 
 
-NEAR_SCORES = tl.constexpr(511)  # the near count's reach below the highest score: the top 9 bits are then bounds
+NEAR_SCORES = tl.constexpr(511)  # the near count's reach below the highest score (``bisected_threshold``'s NEAR)
 
 
 @triton.jit
@@ -205,7 +205,7 @@ def bisected_threshold(score, need, lowest, highest, DISTINCT: tl.constexpr = Fa
     parted = tl.zeros((), dtype=tl.int32)  # 1: exactly need scores reach ``threshold``
     above_highest = tl.zeros((), dtype=tl.int32)  # how many scores are above ``highest``
     if NEAR > 0:
-        lowest, highest = lowest + threshold, highest + threshold  # int32 tensors: the count may move either
+        lowest, highest = tl.zeros((), dtype=tl.int32) + lowest, tl.zeros((), dtype=tl.int32) + highest  # may move
         near = tl.maximum(highest - NEAR, 0) & ~1
         if near > lowest:
             reached = _pairs_reaching(pairs, near)
@@ -273,6 +273,15 @@ def bisected_threshold32(order, order2, need, lowest, highest=0xFFFF, NEAR: tl.c
         threshold = fp32_order(top_t, low_t)
         above += low_above
     return threshold, above
+
+
+@triton.jit
+def row_threshold32(order, order2, need, lowest):
+    """``row_threshold`` of a row of 32-bit scores held in two parts
+    (``bisected_threshold32``): the near count on the top halves, below
+    the highest."""
+    highest = word_score(tl.maximum(tl.max(order), tl.max(order2)), 32)
+    return bisected_threshold32(order, order2, need, lowest, highest, NEAR_SCORES)
 
 
 @triton.jit
