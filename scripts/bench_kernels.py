@@ -16,7 +16,8 @@ profile (one graph has timed 2 µs faster after a profile than before it).
 [T, 16384] and [T, 131072] and the simulated merge W = 8, S = 16384 over the
 families, and on normal scores the merge's stages alone, its kernel
 launches per rank, the merge with PDL off, the merge W = 1
-(``timing.merge_breakdown``) and the generic merge.
+(``timing.merge_breakdown``), the generic merge, and two floors of a pack
+of one program a row timed the same way (``floor_kernel``).
 
 ``--fp32`` measures exact fp32 order (score_dtype=torch.float32) instead,
 beside bf16 order of the same scores rounded: the pack at the same shapes
@@ -33,8 +34,13 @@ import argparse
 import json
 
 import torch
+import triton
+import triton.language as tl
 
 import nvshmem_topk as nt
+from nvshmem_topk.kernels.keys import power_of_2
+from nvshmem_topk.kernels.pack import ROW_WARPS
+from nvshmem_topk.kernels.sync import after_prior_kernel
 from nvshmem_topk import format as fmt
 from nvshmem_topk import reference
 from nvshmem_topk.baseline import generic_merge_compute
@@ -210,6 +216,35 @@ def bench_bf16(families, args, shapes, gen, results, save) -> None:
               f"{best['generic_by_rank_us']:.1f}", flush=True)
 
 
+@triton.jit
+def floor_kernel(out_ptr, x_ptr, stride, READ: tl.constexpr, WIDTH: tl.constexpr, N: tl.constexpr, PDL: tl.constexpr):
+    """What any pack of one program a row does at least, as the row kernel
+    launches (with PDL, ROW_WARPS warps): wait for the prior kernel and write
+    the row's N words; with READ, read the row whole (16 bytes a thread a
+    load) and take one block-wide maximum first, and write it."""
+    row = tl.program_id(0).to(tl.int64)
+    after_prior_kernel(PDL)
+    value = tl.zeros((), dtype=tl.int32)
+    if READ:
+        value = tl.max(tl.load(x_ptr + row * stride + tl.arange(0, WIDTH)).to(tl.int16, bitcast=True), axis=0)
+    slot = tl.arange(0, power_of_2(N))
+    tl.store(out_ptr + row * N + slot, value + slot, mask=slot < N)
+
+
+def bench_floors(copies, n=384) -> dict:
+    """Per call, the two floors of ``floor_kernel`` over ``copies`` (CALLS
+    [T, width] bf16 inputs, L2 flushed): it waits and writes; it also reads
+    the row and takes its maximum. Any pack of one program a row costs more
+    than the second."""
+    rows, width = copies[0].shape
+    out = torch.empty(CALLS, rows, n, dtype=torch.int32, device=copies[0].device)
+    def floor(i, read):
+        floor_kernel[(rows,)](out[i], copies[i], copies[i].stride(0), READ=read, WIDTH=width, N=n, PDL=True,
+                              num_warps=ROW_WARPS, launch_pdl=True)
+    return {f"{name}_us": bench(graphed_over(lambda i: floor(i, read), range(CALLS)).replay, CALLS)
+            for name, read in (("wait_write", False), ("read_max_write", True))}
+
+
 DECODE_WIDTHS = (16384, 131072)  # the pack's; the merge's shard is 16384 tokens (a 128K context over 8 ranks)
 
 
@@ -234,6 +269,7 @@ def bench_decode(families, row_counts, widths, gen, results, save) -> None:
                 entry["merge_w1"] = merge_breakdown(single, ends[:1], k, REPS)
                 entry["generic_by_rank_us"] = bench(graphed_over(
                     lambda x: generic_merge_compute(x, k, rank_by_rank=True), copies).replay, CALLS)
+                entry["floors"] = bench_floors([c[0].contiguous() for c in copies])
             results["decode"].append(entry)
             save()
             print(f"  {family:<18}" + "".join(f"{p['pack_us']:10.1f}" for p in packs)
@@ -242,6 +278,9 @@ def bench_decode(families, row_counts, widths, gen, results, save) -> None:
                   + f"  exact={all(p['exact'] for p in packs) and merge['exact']}", flush=True)
         normal = next(e for e in results["decode"] if (e["T"], e["family"]) == (rows, "normal"))
         print(f"  normal: the generic merge W={world}, run rank by rank, {normal['generic_by_rank_us']:.1f}")
+        floors = normal["floors"]
+        print(f"  floors of a pack of one program a row, [{rows},{width}]: wait and write {floors['wait_write_us']:.1f}, "
+              f"read, one maximum and write {floors['read_max_write_us']:.1f}")
         for name, m in (("W=8", normal["merge"]), ("W=1", normal["merge_w1"])):
             print(f"  normal, {name}: merge {m['merge_us']:.1f}, PDL off {m['merge_no_pdl_us']:.1f}, "
                   f"launches a rank {m['launches_per_rank']:.1f}; rank 0 alone: pack {m['pack_us']:.1f}, "
