@@ -203,7 +203,7 @@ def _nearer_than(pairs, distance):
 
 
 @triton.jit
-def distance_boundary(distance, need, BINS: tl.constexpr):
+def distance_boundary(distance, need, BINS: tl.constexpr, deepest=None, present=None):
     """(d, above, at_d) of the present elements of ``distance`` (1-D int32:
     how far each lies below the top, in [0, BINS), BINS for absent ones;
     BINS a power of 2): the least d with at least ``need`` of them at
@@ -211,26 +211,49 @@ def distance_boundary(distance, need, BINS: tl.constexpr):
     (every present one when fewer); how many at d (0 when fewer). One count
     a bit, from the top, of two 16-bit fields to an int32 reduction, as
     ``rows.bisected_threshold`` counts: log2(BINS) block-wide sums, where a
-    histogram of BINS bins and its scan cost several times as much."""
+    histogram of BINS bins and its scan cost several times as much. Given
+    the largest present distance (``deepest``) and how many are present
+    (``present``, at least need): one count first, of those nearer than
+    the deepest; where fewer than need are, d is the deepest (zeros under a
+    few positives), else no bit past it needs a count (every present one
+    is nearer than such a candidate)."""
     halves = tl.reshape(distance, (distance.numel // 2, 2), can_reorder=True)  # counts need no order
     even, odd = tl.split(halves)
     pairs = even | (odd << 16)
     d = tl.zeros((), dtype=tl.int32)  # the largest distance with fewer than need nearer
     above = tl.zeros((), dtype=tl.int32)
     reach = tl.zeros((), dtype=tl.int32)  # nearer than d + 1: the count of the last bit that failed
-    for bit in tl.static_range(log2(BINS) - 1, -1, -1):
-        candidate = d | (1 << bit)
-        nearer = _nearer_than(pairs, candidate)
-        if nearer < need:
-            d = candidate
-            above = nearer
+    if deepest is None:
+        for bit in tl.static_range(log2(BINS) - 1, -1, -1):
+            candidate = d | (1 << bit)
+            nearer = _nearer_than(pairs, candidate)
+            if nearer < need:
+                d = candidate
+                above = nearer
+            else:
+                reach = nearer
+        if d == BINS - 1:  # no bit failed: d + 1 is BINS, every present element
+            reach = _nearer_than(pairs, BINS)
+            if reach < need:
+                d = BINS
+                above = reach
+    else:
+        shallower = _nearer_than(pairs, deepest)
+        if shallower < need:
+            d, above, reach = tl.zeros((), dtype=tl.int32) + deepest, shallower, tl.zeros((), dtype=tl.int32) + present
         else:
-            reach = nearer
-    if d == BINS - 1:  # no bit failed: d + 1 is BINS, every present element
-        reach = _nearer_than(pairs, BINS)
-        if reach < need:
-            d = BINS
-            above = reach
+            for bit in tl.static_range(log2(BINS) - 1, -1, -1):
+                candidate = d | (1 << bit)
+                nearer = tl.zeros((), dtype=tl.int32) + present
+                if candidate == deepest:
+                    nearer = shallower
+                elif candidate < deepest:
+                    nearer = _nearer_than(pairs, candidate)
+                if nearer < need:
+                    d = candidate
+                    above = nearer
+                else:
+                    reach = nearer
     return d, above, tl.where(d == BINS, 0, reach - above)
 
 
@@ -247,7 +270,8 @@ def near_boundary(level, present, need):
     gathering every level further down, since a top-K of bf16 scores
     rarely spans 510 steps (an indexer's spans about 270 at W = 8, K =
     2048; normal scores' 140); where it does (heavy tails, zeros under a
-    few positives, fp16), the distances past that decide."""
+    few positives, fp16), the distances past that decide, bounded by the
+    deepest (one maximum)."""
     top = tl.max(tl.where(present, level, 0), axis=0)
     distance = top - level
     d, above, in_bucket = distance_boundary(tl.where(present, tl.minimum(distance, NEAR_BINS - 1), NEAR_BINS), need,
@@ -255,7 +279,8 @@ def near_boundary(level, present, need):
     fewer = d == NEAR_BINS
     if d == NEAR_BINS - 1:  # fewer than need are nearer: the far distance is at least 1
         far = tl.where(present, tl.maximum(distance - (NEAR_BINS - 2), 0), LEVELS)
-        d, above, in_bucket = distance_boundary(far, need, LEVELS)
+        d, above, in_bucket = distance_boundary(far, need, LEVELS, tl.max(tl.where(present, far, 0), axis=0),
+                                                above + in_bucket)
         d += NEAR_BINS - 2
     return top - d, fewer, above, in_bucket
 

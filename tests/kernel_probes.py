@@ -25,13 +25,23 @@ def radix_boundary_kernel(out_ptr, hist_ptr, need_ptr):
 @triton.jit
 def distance_boundary_kernel(out_ptr, distance_ptr, need_ptr, TILE: tl.constexpr, BINS: tl.constexpr):
     """Per program: distance_boundary of distance_ptr[case] ([TILE] int32)
-    for need_ptr[case], as three int32 at out_ptr[case]."""
+    for need_ptr[case], as three int32 at out_ptr[6 * case], and bounded by
+    the largest present distance and their count (as the select's far
+    counts call it; meaningful where at least need are present) at
+    out_ptr[6 * case + 3]."""
     case = tl.program_id(0).to(tl.int64)
     distance = tl.load(distance_ptr + case * TILE + tl.arange(0, TILE))
-    d, above, at_d = distance_boundary(distance, tl.load(need_ptr + case), BINS)
-    tl.store(out_ptr + case * 3, d)
-    tl.store(out_ptr + case * 3 + 1, above)
-    tl.store(out_ptr + case * 3 + 2, at_d)
+    need = tl.load(need_ptr + case)
+    present = distance < BINS
+    for bounded in tl.static_range(2):
+        if bounded:
+            d, above, at_d = distance_boundary(distance, need, BINS, tl.max(tl.where(present, distance, 0), axis=0),
+                                               tl.sum(present.to(tl.int32), axis=0))
+        else:
+            d, above, at_d = distance_boundary(distance, need, BINS)
+        tl.store(out_ptr + case * 6 + 3 * bounded, d)
+        tl.store(out_ptr + case * 6 + 3 * bounded + 1, above)
+        tl.store(out_ptr + case * 6 + 3 * bounded + 2, at_d)
 
 
 @triton.jit

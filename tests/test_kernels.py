@@ -651,7 +651,9 @@ def test_distance_boundary_matches_a_histogram(device):
     int32) against a histogram's scan: the least distance that reaches
     need, the counts nearer and at it; need at every place of a row, at the
     last distance (BINS - 1), past every present element (fewer), and rows
-    with no element present or all at one distance."""
+    with no element present or all at one distance; bounded by the deepest
+    present distance where at least need are present (the boundary at the
+    deepest, above it, and every bit past it skipped)."""
     from kernel_probes import distance_boundary_kernel
 
     gen = torch.Generator().manual_seed(7)
@@ -659,19 +661,24 @@ def test_distance_boundary_matches_a_histogram(device):
     for bins in (32, 128):
         rows = [torch.randint(0, bins, (tile,), generator=gen),
                 torch.randint(bins - 3, bins + 1, (tile,), generator=gen),
-                torch.full((tile,), bins), torch.full((tile,), bins - 1), torch.zeros(tile, dtype=torch.int64)]
+                torch.full((tile,), bins), torch.full((tile,), bins - 1), torch.zeros(tile, dtype=torch.int64),
+                torch.randint(0, bins // 4 + 3, (tile,), generator=gen), torch.full((tile,), bins // 2 + 3)]
         rows[0][torch.rand(tile, generator=gen) < 0.3] = bins  # absent
+        rows[-1][:20] = torch.randint(0, 8, (20,), generator=gen)  # a few near, the rest at one deep distance
+        rows[-1][20:40] = bins
         cases = [(row, need) for row in rows for need in (1, 2, 17, 100, 200, 255, 256, 257)]
         distance = torch.stack([row for row, _ in cases]).to(torch.int32)
         needs = torch.tensor([need for _, need in cases], dtype=torch.int32)
-        out = torch.empty(len(cases), 3, dtype=torch.int32, device=device)
+        out = torch.empty(len(cases), 6, dtype=torch.int32, device=device)
         distance_boundary_kernel[(len(cases),)](out, distance.to(device), needs.to(device), TILE=tile, BINS=bins)
         for case, (row, need) in enumerate(cases):
             hist = torch.bincount(row[row < bins], minlength=bins)
             reach = hist.cumsum(0)
             d = int((reach < need).sum())
             want = [d, int(reach[d - 1]) if d else 0, int(hist[d])] if d < bins else [bins, int(reach[-1]), 0]
-            assert out[case].tolist() == want, (bins, case, need)
+            assert out[case, :3].tolist() == want, (bins, case, need)
+            if int(reach[-1]) >= need:
+                assert out[case, 3:].tolist() == want, (bins, case, need, "bounded")
 
 
 def test_kth_largest_near_the_top_and_far_from_it(device):
