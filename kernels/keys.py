@@ -223,37 +223,33 @@ def distance_boundary(distance, need, BINS: tl.constexpr, deepest=None, present=
     d = tl.zeros((), dtype=tl.int32)  # the largest distance with fewer than need nearer
     above = tl.zeros((), dtype=tl.int32)
     reach = tl.zeros((), dtype=tl.int32)  # nearer than d + 1: the count of the last bit that failed
-    if deepest is None:
-        for bit in tl.static_range(log2(BINS) - 1, -1, -1):
-            candidate = d | (1 << bit)
+    if deepest is not None:
+        shallower = _nearer_than(pairs, deepest)
+        if shallower < need:  # d is the deepest: every later candidate is at or past it, and none is counted
+            d += deepest
+            above = shallower
+            reach += present
+    for bit in tl.static_range(log2(BINS) - 1, -1, -1):
+        candidate = d | (1 << bit)
+        if deepest is None:
             nearer = _nearer_than(pairs, candidate)
-            if nearer < need:
-                d = candidate
-                above = nearer
-            else:
-                reach = nearer
+        else:
+            nearer = tl.zeros((), dtype=tl.int32) + present  # past the deepest: every present one
+            if candidate == deepest:
+                nearer = shallower
+            elif candidate < deepest:
+                nearer = _nearer_than(pairs, candidate)
+        if nearer < need:
+            d = candidate
+            above = nearer
+        else:
+            reach = nearer
+    if deepest is None:
         if d == BINS - 1:  # no bit failed: d + 1 is BINS, every present element
             reach = _nearer_than(pairs, BINS)
             if reach < need:
                 d = BINS
                 above = reach
-    else:
-        shallower = _nearer_than(pairs, deepest)
-        if shallower < need:
-            d, above, reach = tl.zeros((), dtype=tl.int32) + deepest, shallower, tl.zeros((), dtype=tl.int32) + present
-        else:
-            for bit in tl.static_range(log2(BINS) - 1, -1, -1):
-                candidate = d | (1 << bit)
-                nearer = tl.zeros((), dtype=tl.int32) + present
-                if candidate == deepest:
-                    nearer = shallower
-                elif candidate < deepest:
-                    nearer = _nearer_than(pairs, candidate)
-                if nearer < need:
-                    d = candidate
-                    above = nearer
-                else:
-                    reach = nearer
     return d, above, tl.where(d == BINS, 0, reach - above)
 
 
