@@ -130,7 +130,8 @@ def bench_merge(logits, interleave, k=2048, per_kernel=False, score_dtype=None):
 def profile_kernels(save) -> None:
     """Each kernel's own time of every result that asked for it, after
     every timing; printed by result."""
-    print("own kernel times (µs; no PDL, torch.profiler), after every timing:")
+    if PROFILES:
+        print("own kernel times (µs; no PDL, torch.profiler), after every timing:")
     for result, key, fn in PROFILES:
         result[key] = fn()
         save()
