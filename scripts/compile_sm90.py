@@ -1,6 +1,9 @@
 """Compile every kernel family for Hopper (sm_90) on any machine, GPU or not,
-with the ptxas that ships in Triton's wheel, and print compile time and
-resource use (registers, stack, local memory) from the cubin.
+with the ptxas that ships in Triton's wheel, and print compile time,
+resource use (registers, stack, local memory) and the static SASS (its
+instructions, NOPs aside, and its block barriers: a block-wide reduction
+compiles to up to three) from the cubin: a count of a change's work that needs
+no device time.
 
     python scripts/compile_sm90.py [--device-library libnvshmem_device.bc]
 
@@ -139,8 +142,11 @@ def compile_one(launch, extern_libs=None) -> dict:
         cubin.flush()
         usage = subprocess.run([tool, "--dump-resource-usage", cubin.name], capture_output=True,
                                text=True, check=True).stdout
+        sass = subprocess.run([tool, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
     reg, stack, local = (int(v) for v in re.search(r"REG:(\d+) STACK:(\d+) .*LOCAL:(\d+)", usage).groups())
-    return dict(kernel=launch.kernel.__name__, seconds=seconds, registers=reg, stack=stack, local=local)
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", sass)
+    return dict(kernel=launch.kernel.__name__, seconds=seconds, registers=reg, stack=stack, local=local,
+                sass=sum(op != "NOP" for op in ops), barriers=sum(op.startswith("BAR.SYNC") for op in ops))
 
 
 CONFIGS = ((8, 2048, 384, torch.bfloat16), (16, 4096, 384, torch.bfloat16), (1, 2048, 3072, torch.bfloat16),
@@ -149,7 +155,8 @@ CONFIGS = ((8, 2048, 384, torch.bfloat16), (16, 4096, 384, torch.bfloat16), (1, 
 
 def main(device_library: str | None = None) -> list[dict]:
     rows = []
-    print(f"{'kernel':<24}{'W':>3}{'K':>6}{'N':>6}{'bits':>5}{'compile s':>11}{'regs':>6}{'stack':>7}{'local':>7}")
+    print(f"{'kernel':<24}{'W':>3}{'K':>6}{'N':>6}{'bits':>5}{'compile s':>11}{'regs':>6}{'stack':>7}{'local':>7}"
+          f"{'sass':>7}{'bars':>6}")
     jobs = [(config, variant, None) for config in CONFIGS for variant in variants(*config)]
     if device_library:  # the two kernels that reach peers, every peer but rank 0 through the library
         config = CONFIGS[0]
@@ -163,7 +170,8 @@ def main(device_library: str | None = None) -> list[dict]:
         rows.append(row)
         name = row["kernel"] + (" (library)" if extern_libs else "")
         print(f"{name:<24}{world_size:>3}{topk:>6}{local_topk:>6}{score_bits:>5}{row['seconds']:>11.1f}"
-              f"{row['registers']:>6}{row['stack']:>7}{row['local']:>7}", flush=True)
+              f"{row['registers']:>6}{row['stack']:>7}{row['local']:>7}{row['sass']:>7}{row['barriers']:>6}",
+              flush=True)
     return rows
 
 

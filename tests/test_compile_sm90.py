@@ -23,6 +23,7 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
     import compile_sm90
 
     assert len(rows) == sum(len(list(compile_sm90.variants(*config))) for config in compile_sm90.CONFIGS), out.stdout
-    for kernel, *_, seconds, regs, stack, local in rows:
+    for kernel, *_, seconds, regs, stack, local, sass, barriers in rows:
         assert float(seconds) < 60, f"{kernel} took {seconds} s to compile"
         assert int(local) == 0, f"{kernel} uses local memory"
+        assert int(sass) > 0 and int(barriers) >= 0, f"{kernel}: no SASS counted"
