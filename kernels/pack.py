@@ -104,19 +104,21 @@ def row_top_n(out_row, scores, start, end, floor, N: tl.constexpr, PLANES: tl.co
     addresses and values outgrow the registers. ``floor``: None, or a
     pushed list's (``list_floor``: only tokens at or above it are listed)."""
     local, second = row_lines(ROW, SCORE_BITS)
-    inside = (local >= start) & (local < end)
     if SCORE_BITS == 32:
+        inside = (local >= start) & (local < end)
         inside2 = (local + second >= start) & (local + second < end)
         _row_top_n32(out_row, scores, (inside, inside2), local, floor, N, PLANES, second)
     else:
-        _row_top_n16(out_row, scores, inside, local, floor, N, PLANES)
+        _row_top_n16(out_row, scores, start, end, local, floor, N, PLANES, ROW)
 
 
 @triton.jit
-def _row_top_n16(out_row, x, inside, local, floor, N: tl.constexpr, PLANES: tl.constexpr):
-    """``row_top_n`` by the 16-bit order of the scores ``x`` (``inside``
+def _row_top_n16(out_row, x, start, end, local, floor, N: tl.constexpr, PLANES: tl.constexpr, ROW: tl.constexpr):
+    """``row_top_n`` by the 16-bit order of the scores ``x`` ([start, end)
     their window)."""
-    score = tl.where(inside, token_ord16(x), 0)
+    score = token_ord16(x)
+    if (start > 0) | (end < ROW):  # a whole row's tokens past the call's width are NaN already: 0
+        score = tl.where((local >= start) & (local < end), score, 0)
     if floor is not None:
         # A pushed list holds only tokens at or above kappa's level: when
         # at most N are, they are the list, and no count picks them.
