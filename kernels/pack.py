@@ -62,7 +62,7 @@ def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.co
         floor = None
         if LIST:
             floor = list_floor(sat_ptr, row, KAPPA_SHIFT, SCORE_BITS)
-        row_top_n(out_ptr + offset, scores, start, end, floor, N, PLANES, ROW, SCORE_BITS)
+        row_top_n(out_ptr + offset, scores, start, end, width_limit, floor, N, PLANES, ROW, SCORE_BITS)
         publish_row(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
 
 
@@ -91,15 +91,16 @@ def row_scores(row_ptr, width_limit, ROW: tl.constexpr, SCORE_BITS: tl.constexpr
 
 
 @triton.jit
-def row_top_n(out_row, scores, start, end, floor, N: tl.constexpr, PLANES: tl.constexpr, ROW: tl.constexpr,
-              SCORE_BITS: tl.constexpr):
+def row_top_n(out_row, scores, start, end, width_limit, floor, N: tl.constexpr, PLANES: tl.constexpr,
+              ROW: tl.constexpr, SCORE_BITS: tl.constexpr):
     """The packed top-N of the valid tokens [start, end) of a short row
-    (``scores``: as ``row_scores`` reads them) into ``out_row``: the row
-    held in registers, its threshold by ``rows.row_threshold`` (counts,
-    whatever the scores; 32-bit scores, ``rows.row_threshold32``), then
-    one scan in token order (``line_positions``) of ``above_and_ties``
-    places the kept ones; the rest of the packed row is zeroed (no id
-    reaches 2^16: every plane bit is 0). 32-bit scores are held as two
+    (``scores``: as ``row_scores`` reads them, up to ``width_limit``) into
+    ``out_row``: the row held in registers, its threshold by
+    ``rows.row_threshold`` (counts, whatever the scores; 32-bit scores,
+    ``rows.row_threshold32``), then one scan in token order
+    (``line_positions``) of ``above_and_ties`` places the kept ones; the
+    rest of the packed row is zeroed (no id reaches 2^16: every plane bit
+    is 0). 32-bit scores are held as two
     parts of the row, each placed in turn: at once, their compaction's
     addresses and values outgrow the registers. ``floor``: None, or a
     pushed list's (``list_floor``: only tokens at or above it are listed)."""
@@ -109,15 +110,15 @@ def row_top_n(out_row, scores, start, end, floor, N: tl.constexpr, PLANES: tl.co
         inside2 = (local + second >= start) & (local + second < end)
         _row_top_n32(out_row, scores, (inside, inside2), local, floor, N, PLANES, second)
     else:
-        _row_top_n16(out_row, scores, start, end, local, floor, N, PLANES, ROW)
+        _row_top_n16(out_row, scores, start, end, width_limit, local, floor, N, PLANES)
 
 
 @triton.jit
-def _row_top_n16(out_row, x, start, end, local, floor, N: tl.constexpr, PLANES: tl.constexpr, ROW: tl.constexpr):
+def _row_top_n16(out_row, x, start, end, width_limit, local, floor, N: tl.constexpr, PLANES: tl.constexpr):
     """``row_top_n`` by the 16-bit order of the scores ``x`` ([start, end)
-    their window)."""
+    their window, within [0, width_limit))."""
     score = token_ord16(x)
-    if (start > 0) | (end < ROW):  # a whole row's tokens past the call's width are NaN already: 0
+    if (start > 0) | (end < width_limit):  # tokens past the call's width are NaN already: 0
         score = tl.where((local >= start) & (local < end), score, 0)
     if floor is not None:
         # A pushed list holds only tokens at or above kappa's level: when
@@ -180,7 +181,7 @@ def pushed_list(recv_ptr, row, rows, width_limit, peers, mask, floor, rank, N: t
     offset = (row * SLOTS + list_slot(mask, rank)) * words
     scores = row_scores(logits_ptr + row * logits_stride, width_limit, ROW, SCORE_BITS)
     start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
-    row_top_n(recv_ptr + offset, scores, start, end, floor, N, PLANES, ROW, SCORE_BITS)
+    row_top_n(recv_ptr + offset, scores, start, end, width_limit, floor, N, PLANES, ROW, SCORE_BITS)
     publish_row(recv_ptr, offset, row, peers, rank, words, WORLD, True, LIBRARY_PEERS)
 
 
