@@ -13,7 +13,7 @@ import triton.language as tl
 from . import pack
 from .keys import store_keys, write_outputs
 from .launch import Launch
-from .pack import ROW_WARPS, row_lines, row_scores, short_row
+from .pack import ROW_WARPS, align_down, row_lines, row_scores, short_row
 from .rows import kept_of_row, row_threshold, row_window, token_ord16
 from .select import OUTPUT_SIZES, output_args, rescue_keys
 from .sync import after_prior_kernel
@@ -21,19 +21,21 @@ from .sync import after_prior_kernel
 
 @triton.jit(do_not_specialize=OUTPUT_SIZES + ["width_limit"])
 def local_merge_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride, width_limit,
-                       rows, selected_ptr, TOPK: tl.constexpr, ROW: tl.constexpr, GID_BITS: tl.constexpr,
-                       EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, PDL: tl.constexpr):
+                       rows, selected_ptr, TOPK: tl.constexpr, ROW: tl.constexpr, ALIGN_DOWN: tl.constexpr,
+                       GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr, EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr,
+                       PDL: tl.constexpr):
     """``outputs`` and the sizes after it: as ``select.output_args`` builds
     them; ``rows``: (logits_ptr, row_starts_ptr, row_ends_ptr,
     logits_stride); ``selected_ptr``: the sorted form's keys, [T,
-    rescue_keys(TOPK)] int64, as the select leaves them."""
+    rescue_keys(TOPK)] int64, as the select leaves them; ALIGN_DOWN: as
+    ``pack.row_scores`` takes it."""
     after_prior_kernel(PDL)
     sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
     logits_ptr, row_starts_ptr, row_ends_ptr, logits_stride = rows
     row = tl.program_id(0).to(tl.int64)
-    x = row_scores(logits_ptr + row * logits_stride, width_limit, ROW, 16)  # issued before the window's loads
+    x, lead = row_scores(logits_ptr + row * logits_stride, width_limit, ROW, ALIGN_DOWN, 16)  # before the window
     start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
-    local, _ = row_lines(ROW, 16)
+    local = row_lines(ROW, 16)[0] - lead  # the tokens' ids
     score = tl.where((local >= start) & (local < end), token_ord16(x), 0)
     threshold, above = row_threshold(score, TOPK, 0)
     slot, keep, kept = kept_of_row(score, threshold, above, TOPK)
@@ -57,6 +59,7 @@ def local_merge_launch(*, logits, row_starts, row_ends, ids, rows, sorted, selec
     return Launch(local_merge_kernel, (logits.shape[0],),
                   (*output_args(ids, rows, row_ends), min(logits.shape[1], max_local_len),
                    (logits, row_starts, row_ends, logits.stride(0)), selected),
-                  dict(TOPK=topk, ROW=short_row(max_local_len), GID_BITS=gid_bits,
+                  dict(TOPK=topk, ROW=short_row(max_local_len), ALIGN_DOWN=align_down(logits, max_local_len),
+                       GID_BITS=gid_bits,
                        EMIT_IDS=ids is not None and not sorted, EMIT_ROWS=rows is not None and not sorted,
                        SORTED=sorted, PDL=pdl), ROW_WARPS)

@@ -40,29 +40,29 @@ ROW_WARPS = 16  # 32 tokens a thread: the merge's fastest on the H200 (docs/perf
 
 @any_width
 def row_kernel(out_ptr, rows, width_limit, peers, N: tl.constexpr, PLANES: tl.constexpr, SLOTS: tl.constexpr,
-               LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, ROW: tl.constexpr,
+               LIST: tl.constexpr, KAPPA_SHIFT: tl.constexpr, ROW: tl.constexpr, ALIGN_DOWN: tl.constexpr,
                WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
     """The whole local top-N of a short row (ROW tokens, a power of 2 up to
     SHORT_ROWS) in one program (``row_top_n``). A pushed list's row is read
     before the prior kernel ends (the scores were written before the pack,
     two kernels back); the pack's after it, as the prior kernel may have
-    written them."""
+    written them. ALIGN_DOWN: as ``row_scores`` takes it."""
     logits_ptr, row_starts_ptr, row_ends_ptr, sat_ptr, logits_stride, scratch_stride, rank = rows
     words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * logits_stride
     if LIST:
-        scores = row_scores(row_ptr, width_limit, ROW, SCORE_BITS)
+        scores, lead = row_scores(row_ptr, width_limit, ROW, ALIGN_DOWN, SCORE_BITS)
     after_prior_kernel(PDL)
     if not LIST:
-        scores = row_scores(row_ptr, width_limit, ROW, SCORE_BITS)
+        scores, lead = row_scores(row_ptr, width_limit, ROW, ALIGN_DOWN, SCORE_BITS)
     active, offset = row_target(row, sat_ptr, rank, words, SLOTS, LIST, SCORE_BITS)
     if active:
         start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
         floor = None
         if LIST:
             floor = list_floor(sat_ptr, row, KAPPA_SHIFT, SCORE_BITS)
-        row_top_n(out_ptr + offset, scores, start, end, width_limit, floor, N, PLANES, ROW, SCORE_BITS)
+        row_top_n(out_ptr + offset, scores, lead, start, end, width_limit, floor, N, PLANES, ROW, SCORE_BITS)
         publish_row(out_ptr, offset, row, peers, rank, words, WORLD, LIST, LIBRARY_PEERS)
 
 
@@ -78,23 +78,36 @@ def row_lines(ROW: tl.constexpr, SCORE_BITS: tl.constexpr):
 
 
 @triton.jit
-def row_scores(row_ptr, width_limit, ROW: tl.constexpr, SCORE_BITS: tl.constexpr):
-    """A short row's scores (``row_lines``; two parts with 32-bit scores),
-    NaN past the call's width: read before the row's window is known (its
-    bounds are loads too), one unmasked vector load a line when the call is
-    ROW tokens wide."""
+def row_scores(row_ptr, width_limit, ROW: tl.constexpr, ALIGN_DOWN: tl.constexpr, SCORE_BITS: tl.constexpr):
+    """(scores, lead): a short row's scores (``row_lines``; two parts with
+    32-bit scores), NaN outside the call's width, read before the row's
+    window is known (its bounds are loads too), one unmasked vector load a
+    line when the call is ROW tokens wide. Line i holds the row's tokens
+    from 8i - lead (4i - lead for fp32 logits). lead is 0 unless
+    ALIGN_DOWN: rows Triton cannot prove 16-byte aligned (``align_down``)
+    are read from the 16-byte boundary at or below their first token, so
+    that a line is still one aligned vector, not a token a thread."""
     local, second = row_lines(ROW, SCORE_BITS)
-    scores = load_tokens(row_ptr + local, local < width_limit, width_limit >= ROW)
-    if SCORE_BITS == 32:
-        scores = (scores, load_tokens(row_ptr + local + second, local + second < width_limit, width_limit >= ROW))
-    return scores
+    if ALIGN_DOWN:
+        lead = (row_ptr.to(tl.int64) % 16).to(tl.int32) // (row_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        row_ptr = tl.multiple_of(row_ptr - lead, 16)
+        ids = local - lead
+        scores = tl.load(row_ptr + local, mask=(ids >= 0) & (ids < width_limit), other=float("nan"))
+        if SCORE_BITS == 32:
+            scores = (scores, tl.load(row_ptr + local + second, mask=ids + second < width_limit, other=float("nan")))
+    else:
+        lead = 0
+        scores = load_tokens(row_ptr + local, local < width_limit, width_limit >= ROW)
+        if SCORE_BITS == 32:
+            scores = (scores, load_tokens(row_ptr + local + second, local + second < width_limit, width_limit >= ROW))
+    return scores, lead
 
 
 @triton.jit
-def row_top_n(out_row, scores, start, end, width_limit, floor, N: tl.constexpr, PLANES: tl.constexpr,
+def row_top_n(out_row, scores, lead, start, end, width_limit, floor, N: tl.constexpr, PLANES: tl.constexpr,
               ROW: tl.constexpr, SCORE_BITS: tl.constexpr):
     """The packed top-N of the valid tokens [start, end) of a short row
-    (``scores``: as ``row_scores`` reads them, up to ``width_limit``) into
+    (``scores`` and ``lead``: as ``row_scores`` reads them) into
     ``out_row``: the row held in registers, its threshold by
     ``rows.row_threshold`` (counts, whatever the scores; 32-bit scores,
     ``rows.row_threshold32``), then one scan in token order
@@ -105,21 +118,22 @@ def row_top_n(out_row, scores, start, end, width_limit, floor, N: tl.constexpr, 
     addresses and values outgrow the registers. ``floor``: None, or a
     pushed list's (``list_floor``: only tokens at or above it are listed)."""
     local, second = row_lines(ROW, SCORE_BITS)
+    ids = local - lead
     if SCORE_BITS == 32:
-        inside = (local >= start) & (local < end)
-        inside2 = (local + second >= start) & (local + second < end)
-        _row_top_n32(out_row, scores, (inside, inside2), local, floor, N, PLANES, second)
+        inside = (ids >= start) & (ids < end)
+        inside2 = (ids + second >= start) & (ids + second < end)
+        _row_top_n32(out_row, scores, (inside, inside2), ids, floor, N, PLANES, second)
     else:
-        _row_top_n16(out_row, scores, start, end, width_limit, local, floor, N, PLANES)
+        _row_top_n16(out_row, scores, start, end, width_limit, ids, floor, N, PLANES)
 
 
 @triton.jit
-def _row_top_n16(out_row, x, start, end, width_limit, local, floor, N: tl.constexpr, PLANES: tl.constexpr):
-    """``row_top_n`` by the 16-bit order of the scores ``x`` ([start, end)
-    their window, within [0, width_limit))."""
+def _row_top_n16(out_row, x, start, end, width_limit, ids, floor, N: tl.constexpr, PLANES: tl.constexpr):
+    """``row_top_n`` by the 16-bit order of the scores ``x`` (their token
+    ``ids``; [start, end) their window, within [0, width_limit))."""
     score = token_ord16(x)
-    if (start > 0) | (end < width_limit):  # tokens past the call's width are NaN already: 0
-        score = tl.where((local >= start) & (local < end), score, 0)
+    if (start > 0) | (end < width_limit):  # tokens outside the call's width are NaN already: 0
+        score = tl.where((ids >= start) & (ids < end), score, 0)
     if floor is not None:
         # A pushed list holds only tokens at or above kappa's level: when
         # at most N are, they are the list, and no count picks them.
@@ -131,16 +145,17 @@ def _row_top_n16(out_row, x, start, end, width_limit, local, floor, N: tl.conste
     else:
         threshold, above = row_threshold(score, N, 0)
     slot, keep, kept = kept_of_row(score, threshold, above, N)
-    tl.store(out_row + slot, packed_word(score, local), mask=keep)
+    tl.store(out_row + slot, packed_word(score, ids), mask=keep)
     zero_row_from(out_row, kept, packed_words(N, PLANES, 16), 1024)
 
 
 @triton.jit
-def _row_top_n32(out_row, xs, insides, local, floor, N: tl.constexpr, PLANES: tl.constexpr, SECOND: tl.constexpr):
+def _row_top_n32(out_row, xs, insides, ids, floor, N: tl.constexpr, PLANES: tl.constexpr, SECOND: tl.constexpr):
     """``row_top_n`` by the fp32 order of the scores, the row in two parts
-    (``xs``, ``insides``: each part's scores and window; the second part's
-    tokens are SECOND further): the words hold the orders' top halves, the
-    low halves follow them. ``floor``: an ord32 (int64), or None."""
+    (``xs``, ``insides``: each part's scores and window; ``ids``: the first
+    part's token ids, the second part's SECOND further): the words hold
+    the orders' top halves, the low halves follow them. ``floor``: an
+    ord32 (int64), or None."""
     order = tl.where(insides[0], folded32(xs[0]), NO_SCORE32)
     order2 = tl.where(insides[1], folded32(xs[1]), NO_SCORE32)
     if floor is not None:
@@ -157,9 +172,9 @@ def _row_top_n32(out_row, xs, insides, local, floor, N: tl.constexpr, PLANES: tl
     found = (threshold != NO_SCORE32).to(tl.int32)
     counts = above_and_ties32(order, threshold)
     first = tl.sum(tl.sum(counts, axis=1), axis=0)  # both fields, the first part's: where the second's start
-    _store_part32(out_row, order, local, counts, line_positions(counts), found, above, N, PLANES)
+    _store_part32(out_row, order, ids, counts, line_positions(counts), found, above, N, PLANES)
     counts = above_and_ties32(order2, threshold)
-    kept = _store_part32(out_row, order2, local + SECOND, counts, first + line_positions(counts), found, above, N,
+    kept = _store_part32(out_row, order2, ids + SECOND, counts, first + line_positions(counts), found, above, N,
                          PLANES)
     zero_row_from(out_row, kept, low_halves_at(N, PLANES), 1024)
     zero_row_from(low_halves(out_row, N, PLANES), kept, N, 1024)
@@ -167,32 +182,32 @@ def _row_top_n32(out_row, xs, insides, local, floor, N: tl.constexpr, PLANES: tl
 
 @triton.jit
 def pushed_list(recv_ptr, row, rows, width_limit, peers, mask, floor, rank, N: tl.constexpr, PLANES: tl.constexpr,
-                SLOTS: tl.constexpr, ROW: tl.constexpr, WORLD: tl.constexpr, LIBRARY_PEERS: tl.constexpr,
-                SCORE_BITS: tl.constexpr):
+                SLOTS: tl.constexpr, ROW: tl.constexpr, ALIGN_DOWN: tl.constexpr, WORLD: tl.constexpr,
+                LIBRARY_PEERS: tl.constexpr, SCORE_BITS: tl.constexpr):
     """A saturated rank's pushed list of a short ``row``, built where the
     select found the rank saturated (``mask``, its ``floor``: kappa's score,
     ``list_floor``): the top-N of its tokens at or above the floor, into
     its receive slot (``row_target``) here and on every peer, the row's
     rescue flag raised there. ``rows``: (logits_ptr, row_starts_ptr,
     row_ends_ptr, logits_stride); ``peers``: as the pack's kernels take
-    them."""
+    them; ALIGN_DOWN: as ``row_scores`` takes it."""
     logits_ptr, row_starts_ptr, row_ends_ptr, logits_stride = rows
     words: tl.constexpr = packed_words(N, PLANES, SCORE_BITS)
     offset = (row * SLOTS + list_slot(mask, rank)) * words
-    scores = row_scores(logits_ptr + row * logits_stride, width_limit, ROW, SCORE_BITS)
+    scores, lead = row_scores(logits_ptr + row * logits_stride, width_limit, ROW, ALIGN_DOWN, SCORE_BITS)
     start, end = row_window(row_starts_ptr, row_ends_ptr, row, width_limit)
-    row_top_n(recv_ptr + offset, scores, start, end, width_limit, floor, N, PLANES, ROW, SCORE_BITS)
+    row_top_n(recv_ptr + offset, scores, lead, start, end, width_limit, floor, N, PLANES, ROW, SCORE_BITS)
     publish_row(recv_ptr, offset, row, peers, rank, words, WORLD, True, LIBRARY_PEERS)
 
 
 @triton.jit
-def _store_part32(out_row, order, local, counts, before, found, above, N: tl.constexpr, PLANES: tl.constexpr):
+def _store_part32(out_row, order, ids, counts, before, found, above, N: tl.constexpr, PLANES: tl.constexpr):
     """One part's kept tokens (``kept_slots`` of its ``counts``, ``before``
     them the scan's, the earlier parts' included): their words, then their
     low halves as int16 (two candidates share a word). Returns the row's
     kept count."""
     slot, keep, kept = kept_slots(counts, before, found, above, N)
-    tl.store(out_row + slot, packed_word(word_score(order, 32), local), mask=keep)
+    tl.store(out_row + slot, packed_word(word_score(order, 32), ids), mask=keep)
     tl.store(low_halves(out_row, N, PLANES) + slot, order.to(tl.int16), mask=keep)  # its low 16 bits
     return kept
 
@@ -228,6 +243,18 @@ def short_row(max_local_len: int) -> int:
     return max(triton.next_power_of_2(min(max_local_len, SHORT_ROWS)), 1024)
 
 
+def align_down(logits: torch.Tensor, max_local_len: int) -> bool:
+    """Whether the short-row kernels read each row of ``logits`` [T, S]
+    from the 16-byte boundary at or below it (``row_scores``' ALIGN_DOWN):
+    where Triton cannot prove the rows 16-byte aligned (it specialises a
+    row stride on its divisibility by 16 tokens, a base on 16 bytes) and
+    ROW has room for the call's width and the tokens before a row. Rows
+    it can prove aligned (the serving warm-up's) never take it."""
+    provable = logits.stride(0) % 16 == 0 and logits.data_ptr() % 16 == 0
+    width = min(logits.shape[1], max_local_len) + 16 // logits.element_size() - 1
+    return not provable and width <= short_row(max_local_len)
+
+
 def _planes(words: int, n: int, score_bits: int) -> int:
     return (words - packed_words(n, 0, score_bits)) // (n // 32)
 
@@ -252,7 +279,8 @@ def pipeline(out, logits, row_starts, row_ends, *, n: int, max_local_len: int, s
     peers = dict(WORLD=pub.world_size, LIBRARY_PEERS=pub.library_peers)
     if limit <= SHORT_ROWS:
         return [Launch(row_kernel, (rows,), (out, rows_arg, limit, peers_arg),
-                       dict(target, ROW=short_row(max_local_len), **peers), ROW_WARPS)]
+                       dict(target, ROW=short_row(max_local_len), ALIGN_DOWN=align_down(logits, max_local_len),
+                            **peers), ROW_WARPS)]
     if score_bits == 32:
         pairs = logits.dtype == torch.float32  # the scores' top halves paired
     else:

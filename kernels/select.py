@@ -24,7 +24,7 @@ from .keys import (TIE_TILE, decode_keys, emit_selected, key_gid, kth_largest, l
                    power_of_2, radix_boundary, radix_digit_histogram, store_sat, write_outputs)
 from .exchange import call_epoch, gather_slot
 from .launch import Launch
-from .pack import Publish, pushed_list, short_row
+from .pack import Publish, align_down, pushed_list, short_row
 from .sync import after_prior_kernel, record_timeout, wait_flags_at_least
 
 
@@ -66,15 +66,17 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                   waits, state, lists, TOPK: tl.constexpr, N: tl.constexpr, PLANES: tl.constexpr,
                   WORLD: tl.constexpr, INTERLEAVE: tl.constexpr, GID_BITS: tl.constexpr, EMIT_IDS: tl.constexpr,
                   EMIT_ROWS: tl.constexpr, SORTED: tl.constexpr, LIST_ROW: tl.constexpr,
-                  LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr, SCORE_BITS: tl.constexpr):
+                  LIST_ALIGN_DOWN: tl.constexpr, LIBRARY_PEERS: tl.constexpr, PDL: tl.constexpr,
+                  SCORE_BITS: tl.constexpr):
     """``outputs`` and the sizes after it: as ``output_args`` builds them;
     ``waits``: (flags_ptr, status_ptr, max_spins), the bounded wait's flags
     and record; ``state``: as ``state_args`` builds it; SCORE_BITS: the
     words' (``format.SCORE_BITS``). LIST_ROW > 0: rows of at most LIST_ROW
     tokens, whose pushed lists this program builds and pushes where it finds
     this rank saturated (``pack.pushed_list``; ``lists``: (recv_ptr, rows,
-    peers) as it takes them, ``width_limit`` the call's width); 0: a
-    pipeline of ``pack`` does, after the select."""
+    peers) as it takes them, ``width_limit`` the call's width,
+    LIST_ALIGN_DOWN its ALIGN_DOWN); 0: a pipeline of ``pack`` does, after
+    the select."""
     after_prior_kernel(PDL)
     sizes = (table_stride, num_reqs, num_blocks, block_size, stride_rows, rows_stride)
     flags_ptr, status_ptr, max_spins = waits
@@ -103,7 +105,7 @@ def select_kernel(outputs, table_stride, num_reqs, num_blocks, block_size, strid
                 if SCORE_BITS == 16:
                     floor = floor.to(tl.int32)
                 pushed_list(recv_ptr, row, rows, width_limit, peers, mask, floor, rank, list_len(TOPK), PLANES,
-                            list_slots(TOPK, N), LIST_ROW, WORLD, LIBRARY_PEERS, SCORE_BITS)
+                            list_slots(TOPK, N), LIST_ROW, LIST_ALIGN_DOWN, WORLD, LIBRARY_PEERS, SCORE_BITS)
 
 
 @triton.jit
@@ -342,11 +344,12 @@ def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
     [>= T, TIE_TILE] and selected: int64 [>= T, rescue_keys(K)] scratch
     (the select sorts through it, and leaves its keys there for the rescue
     on rows with saturated ranks)."""
-    width, list_args, list_row, library_peers = 0, None, 0, 0
+    width, list_args, list_row, list_align_down, library_peers = 0, None, 0, False, 0
     if lists is not None:
         pub = lists.publish
         width = min(lists.logits.shape[1], lists.max_local_len)
         list_row = short_row(lists.max_local_len)
+        list_align_down = align_down(lists.logits, lists.max_local_len)
         list_args = (lists.recv, (lists.logits, lists.row_starts, lists.row_ends, lists.logits.stride(0)),
                      (pub.epochs, pub.epochs, pub.peer_ptrs, pub.flag_ptrs, pub.pes, pub.max_rows))
         library_peers = pub.library_peers
@@ -355,7 +358,8 @@ def select_launch(*, num_rows, ids, rows, sorted, sat, status, gather, flags, ep
                    state_args(sat, selected, ties, gather, epochs, max_rows, rank), list_args),
                   dict(TOPK=topk, N=local_topk, PLANES=planes, WORLD=world_size, INTERLEAVE=interleave,
                        GID_BITS=gid_bits, **_emits(ids, rows, sorted), LIST_ROW=list_row,
-                       LIBRARY_PEERS=library_peers, PDL=pdl, SCORE_BITS=score_bits), SELECT_WARPS)
+                       LIST_ALIGN_DOWN=list_align_down, LIBRARY_PEERS=library_peers, PDL=pdl,
+                       SCORE_BITS=score_bits), SELECT_WARPS)
 
 
 RESCUE_TILE = tl.constexpr(1024)

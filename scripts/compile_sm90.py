@@ -120,6 +120,16 @@ def variants(world_size: int, topk: int, local_topk: int, dtype: torch.dtype, sc
                                            rows=kv, sorted=sorted_, selected=common["selected"], topk=topk,
                                            max_local_len=width, gid_bits=gid_bits, pdl=True)
     yield select.order_launch(**common, rescued_only=True)
+    odd = torch.zeros(rows, pack.SHORT_ROWS + 1, dtype=dtype)[:, :pack.SHORT_ROWS - 15]
+    out = torch.zeros(rows, fmt.packed_row_words(local_topk, planes, score_bits), **i32)
+    yield from pack.pipeline(out, odd, None, ends, n=local_topk, max_local_len=width, scratch=scratch,
+                             arrivals=arrivals, publish=None, pdl=True, score_bits=score_bits)
+    odd_lists = select.ShortLists(odd, None, ends, recv, publish, width)
+    yield select.select_launch(**common, sorted=False, lists=odd_lists)
+    if world_size == 1 and score_bits == 16:
+        yield local.local_merge_launch(logits=odd, row_starts=None, row_ends=ends, ids=common["ids"], rows=kv,
+                                       sorted=False, selected=common["selected"], topk=topk, max_local_len=width,
+                                       gid_bits=gid_bits, pdl=True)
 
 
 def compile_one(launch, extern_libs=None) -> dict:

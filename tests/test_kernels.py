@@ -926,6 +926,42 @@ def test_row_starts_match_reference_stage_by_stage(width, dtype, device, pack_ke
 
 
 @needs_triton
+@pytest.mark.parametrize("world_size,width,dtype,score_dtype", [
+    (1, 1000, torch.bfloat16, None), (2, 1000, torch.bfloat16, None), (2, 1020, torch.bfloat16, None),
+    (2, 1000, torch.float32, None), (2, 1000, torch.float32, torch.float32)])
+def test_rows_off_16_bytes_match_reference_stage_by_stage(world_size, width, dtype, score_dtype, device, pack_kernels):
+    """Rows Triton cannot prove 16-byte aligned (an odd row stride, a base
+    three tokens into the buffer): the short-row kernels read each from the
+    16-byte boundary below it (``pack.align_down``; at a width of 1020 ROW
+    has no room for it, and they read a token a thread), and every row's
+    first token falls at another offset in its 16 bytes. The padding
+    between rows and the previous row's tail, read with a row, hold the
+    best scores: taken only if a row's bounds are off. Row starts and ends
+    near both edges, a saturated rank's pushed list; one rank's merge is
+    one kernel (``local_merge_kernel``)."""
+    from nvshmem_topk.kernels import pack
+
+    gen = torch.Generator().manual_seed(width)
+    rows, k = 8, 64
+    buffer = torch.full((world_size, rows, width + 5), 100.0).to(dtype)  # rows of width + 5 tokens, an odd stride
+    logits = buffer[:, :, 3:3 + width]
+    logits.copy_(torch.randn(world_size, rows, width, generator=gen))
+    logits[:, :, -2:] = 40.0  # the next row reads them before its first token
+    logits[0, 2] += 6.0
+    ends = torch.full((world_size, rows), width, dtype=torch.int32)
+    ends[:, 3] = width - 1
+    starts = torch.tensor([0, 1, 0, 3, 7, 8, 0, 15], dtype=torch.int32).repeat(world_size, 1)
+    if pack_kernels == "one program a row":
+        assert pack.align_down(logits[0], width) == (width == 1000)
+    score_dtype = {"score_dtype": score_dtype} if score_dtype else {}
+    got = _same_at_every_stage(logits.to(device), ends.to(device), topk=k, local_topk=32, starts=starts.to(device),
+                               **score_dtype)
+    assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, k, row_starts=starts, **score_dtype))
+    if world_size > 1:
+        assert ((got["sat"][:, 2].cpu() >> 47) & 1 == 1).all(), "rank 0 is saturated on row 2"
+
+
+@needs_triton
 def test_pack_indices_kernel_matches_reference(device):
     from nvshmem_topk import reference
 
