@@ -929,7 +929,8 @@ def test_row_starts_match_reference_stage_by_stage(width, dtype, device, pack_ke
 @pytest.mark.parametrize("world_size,width,dtype,score_dtype", [
     (1, 1000, torch.bfloat16, None), (2, 1000, torch.bfloat16, None), (2, 1020, torch.bfloat16, None),
     (2, 1000, torch.float32, None), (2, 1000, torch.float32, torch.float32)])
-def test_rows_off_16_bytes_match_reference_stage_by_stage(world_size, width, dtype, score_dtype, device, pack_kernels):
+def test_rows_off_16_bytes_match_reference_stage_by_stage(world_size, width, dtype, score_dtype, device, pack_kernels,
+                                                           monkeypatch):
     """Rows Triton cannot prove 16-byte aligned (an odd row stride, a base
     three tokens into the buffer): the short-row kernels read each from the
     16-byte boundary below it (``pack.align_down``; at a width of 1020 ROW
@@ -939,7 +940,8 @@ def test_rows_off_16_bytes_match_reference_stage_by_stage(world_size, width, dty
     best scores: taken only if a row's bounds are off. Row starts and ends
     near both edges, a saturated rank's pushed list; one rank's merge is
     one kernel (``local_merge_kernel``)."""
-    from nvshmem_topk.kernels import pack
+    from nvshmem_topk import format as fmt
+    from nvshmem_topk.kernels import launch, pack
 
     gen = torch.Generator().manual_seed(width)
     rows, k = 8, 64
@@ -958,7 +960,21 @@ def test_rows_off_16_bytes_match_reference_stage_by_stage(world_size, width, dty
                                **score_dtype)
     assert_exact(got["ids"].cpu(), oracle_topk(logits, ends, k, row_starts=starts, **score_dtype))
     if world_size > 1:
-        assert ((got["sat"][:, 2].cpu() >> 47) & 1 == 1).all(), "rank 0 is saturated on row 2"
+        mask = fmt.sat_mask(got["sat"][:, 2].cpu(), 32 if score_dtype else 16)
+        assert (mask & 1 == 1).all(), "rank 0 is saturated on row 2"
+    elif pack_kernels == "one program a row":
+        launched = []
+        run = launch.Launch.__call__
+        monkeypatch.setattr(launch.Launch, "__call__", lambda self: (launched.append(self.kernel.__name__),
+                                                                     run(self))[1])
+        for sorted_ in (False, True):
+            got = _one_rank_merge(logits[0].to(device), ends[0].to(device), k, 32, "triton", sorted_,
+                                  starts[0].to(device))
+            assert launched[0] == "local_merge_kernel", launched
+            want = _one_rank_merge(logits[0], ends[0], k, 32, "reference", sorted_, starts[0])
+            for g, w in zip(got, want):
+                assert torch.equal(g, w)
+            launched.clear()
 
 
 @needs_triton
