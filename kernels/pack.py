@@ -82,11 +82,12 @@ def row_scores(row_ptr, width_limit, ROW: tl.constexpr, ALIGN_DOWN: tl.constexpr
     """(scores, lead): a short row's scores (``row_lines``; two parts with
     32-bit scores), NaN outside the call's width, read before the row's
     window is known (its bounds are loads too), one unmasked vector load a
-    line when the call is ROW tokens wide. Line i holds the row's tokens
-    from 8i - lead (4i - lead for fp32 logits). lead is 0 unless
+    line when the call is ROW tokens wide. Line i holds the tokens from
+    8i - lead on (4i - lead with 32-bit scores). lead is 0 unless
     ALIGN_DOWN: rows Triton cannot prove 16-byte aligned (``align_down``)
     are read from the 16-byte boundary at or below their first token, so
-    that a line is still one aligned vector, not a token a thread."""
+    that a thread still holds a line of adjacent tokens (Triton lays such
+    a row out a token a thread, through shared memory)."""
     local, second = row_lines(ROW, SCORE_BITS)
     if ALIGN_DOWN:
         lead = (row_ptr.to(tl.int64) % 16).to(tl.int32) // (row_ptr.dtype.element_ty.primitive_bitwidth // 8)
