@@ -89,18 +89,17 @@ def row_scores(row_ptr, width_limit, ROW: tl.constexpr, ALIGN_DOWN: tl.constexpr
     that a thread still holds a line of adjacent tokens (Triton lays such
     a row out a token a thread, through shared memory)."""
     local, second = row_lines(ROW, SCORE_BITS)
-    if ALIGN_DOWN:
+    lead = 0
+    inside = local < width_limit
+    whole = width_limit >= ROW
+    if ALIGN_DOWN:  # ROW has room for the width and the lead: never whole
         lead = (row_ptr.to(tl.int64) % 16).to(tl.int32) // (row_ptr.dtype.element_ty.primitive_bitwidth // 8)
         row_ptr = tl.multiple_of(row_ptr - lead, 16)
-        ids = local - lead
-        scores = tl.load(row_ptr + local, mask=(ids >= 0) & (ids < width_limit), other=float("nan"))
-        if SCORE_BITS == 32:
-            scores = (scores, tl.load(row_ptr + local + second, mask=ids + second < width_limit, other=float("nan")))
-    else:
-        lead = 0
-        scores = load_tokens(row_ptr + local, local < width_limit, width_limit >= ROW)
-        if SCORE_BITS == 32:
-            scores = (scores, load_tokens(row_ptr + local + second, local + second < width_limit, width_limit >= ROW))
+        inside = (local - lead >= 0) & (local - lead < width_limit)
+        whole = False
+    scores = load_tokens(row_ptr + local, inside, whole)
+    if SCORE_BITS == 32:
+        scores = (scores, load_tokens(row_ptr + local + second, local + second - lead < width_limit, whole))
     return scores, lead
 
 
